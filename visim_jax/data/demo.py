@@ -1,0 +1,143 @@
+"""The embedded offline demo: look-alike pairs built only from images that ship inside installed packages.
+
+Sources: photos bundled with scikit-image (`skimage.data`) and scikit-learn (`load_sample_images`). A pair
+is two different random crops of one source photo; the right side is re-rendered (grayscale, posterised,
+edge sketch, colour shift, mirror, blur, ...), so the two sides look alike without being the same pixels,
+which stands in for TLL's 'totally looks like' pairs until the user points the config at the real data.
+
+`demo_pairs(root, n_pairs, seed)` writes the set once in the TLL layout (root/left/NNNNN.png,
+root/right/NNNNN.png, plus classes.csv: name,source) and returns that folder; the same seed gives
+byte-identical files. The class of a pair (its source photo) also makes a small labelled set.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+from PIL import Image, ImageFilter, ImageOps
+
+DEMO_VERSION = 1
+IMAGE_SIZE = 160  # side of the stored demo images
+# skimage.data names of bundled photos (no download needed) with enough content to crop
+SKIMAGE_SOURCES = ('astronaut', 'chelsea', 'coffee', 'rocket', 'camera', 'coins', 'hubble_deep_field',
+                   'immunohistochemistry', 'moon', 'motorcycle_left', 'retina', 'brick', 'grass', 'gravel',
+                   'page', 'colorwheel', 'cell')
+SKLEARN_SOURCES = ('china.jpg', 'flower.jpg')
+RENDERINGS = ('grayscale', 'posterise', 'sketch', 'colour_shift', 'mirror', 'blur', 'solarise', 'contrast')
+
+
+def source_images() -> dict[str, Image.Image]:
+  """{name: RGB PIL image} of every packaged photo available (file-backed, offline)."""
+  import skimage.data
+  from sklearn.datasets import load_sample_image
+  out = {}
+  for name in SKIMAGE_SOURCES:
+    fn = getattr(skimage.data, name, None)
+    if fn is None:
+      continue
+    try:
+      arr = np.asarray(fn())
+    except Exception:  # an image that would need a download in this skimage version
+      continue
+    if arr.dtype != np.uint8:
+      arr = (255 * (arr.astype(np.float64) - arr.min()) / max(np.ptp(arr), 1e-9)).astype(np.uint8)
+    out[name] = Image.fromarray(arr).convert('RGB')
+  for name in SKLEARN_SOURCES:
+    out[name.split('.')[0]] = Image.fromarray(load_sample_image(name)).convert('RGB')
+  if len(out) < 8:
+    raise RuntimeError(f'only {len(out)} packaged source images found; need scikit-image and scikit-learn')
+  return out
+
+
+def _crop(im: Image.Image, rng: np.random.RandomState) -> Image.Image:
+  w, h = im.size
+  side = int(min(w, h) * rng.uniform(0.35, 0.7))
+  x0, y0 = rng.randint(0, w - side + 1), rng.randint(0, h - side + 1)
+  return im.crop((x0, y0, x0 + side, y0 + side)).resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BICUBIC)
+
+
+def render(im: Image.Image, how: str, rng: np.random.RandomState) -> Image.Image:
+  if how == 'grayscale':
+    return ImageOps.grayscale(im).convert('RGB')
+  if how == 'posterise':
+    return ImageOps.posterize(im, int(rng.randint(1, 4)))
+  if how == 'sketch':
+    edges = ImageOps.grayscale(im).filter(ImageFilter.FIND_EDGES)
+    return ImageOps.invert(ImageOps.autocontrast(edges)).convert('RGB')
+  if how == 'colour_shift':
+    hsv = np.asarray(im.convert('HSV')).copy()
+    hsv[..., 0] = (hsv[..., 0].astype(int) + rng.randint(40, 216)) % 256
+    return Image.fromarray(hsv, 'HSV').convert('RGB')
+  if how == 'mirror':
+    return ImageOps.mirror(im)
+  if how == 'blur':
+    return im.filter(ImageFilter.GaussianBlur(radius=float(rng.uniform(2.0, 4.0))))
+  if how == 'solarise':
+    return ImageOps.solarize(im, threshold=int(rng.randint(64, 192)))
+  if how == 'contrast':
+    return ImageOps.autocontrast(ImageOps.equalize(im))
+  raise ValueError(f'unknown rendering {how!r}')
+
+
+def _build(folder: str, n_pairs: int, seed: int) -> None:
+  rng = np.random.RandomState(seed)
+  sources = source_images()
+  names = sorted(sources)
+  os.makedirs(os.path.join(folder, 'left'))
+  os.makedirs(os.path.join(folder, 'right'))
+  rows = []
+  for i in range(n_pairs):
+    src = names[i % len(names)]
+    left = _crop(sources[src], rng)
+    how = RENDERINGS[rng.randint(len(RENDERINGS))]
+    right = render(_crop(sources[src], rng), how, rng)
+    name = f'{i + 1:05d}.png'
+    left.save(os.path.join(folder, 'left', name), optimize=False)
+    right.save(os.path.join(folder, 'right', name), optimize=False)
+    rows.append((name, src, how))
+  with open(os.path.join(folder, 'classes.csv'), 'w', newline='') as f:
+    w = csv.writer(f)
+    w.writerow(('name', 'source', 'rendering'))
+    w.writerows(rows)
+
+
+def default_root() -> str:
+  base = os.environ.get('VISIM_CACHE', os.path.join(os.path.expanduser('~'), '.cache', 'visim_jax'))
+  return os.path.join(base, 'demo')
+
+
+def demo_pairs(root: str | None = None, n_pairs: int = 192, seed: int = 0) -> str:
+  """Writes (once) and returns the folder of the demo pairs set in the TLL layout."""
+  if n_pairs < 8:
+    raise ValueError(f'config.demo.n_pairs: need at least 8 pairs, got {n_pairs}')
+  root = root or default_root()
+  folder = os.path.join(root, f'pairs-v{DEMO_VERSION}-n{n_pairs}-seed{seed}')
+  stamp = os.path.join(folder, 'DONE.json')
+  if os.path.exists(stamp):
+    return folder
+  os.makedirs(root, exist_ok=True)
+  tmp = tempfile.mkdtemp(dir=root, prefix='.tmp-demo-')
+  try:
+    _build(os.path.join(tmp, 'set'), n_pairs, seed)
+    with open(os.path.join(tmp, 'set', 'DONE.json'), 'w') as f:
+      json.dump({'version': DEMO_VERSION, 'n_pairs': n_pairs, 'seed': seed}, f)
+    if os.path.exists(folder):  # an incomplete earlier attempt
+      shutil.rmtree(folder)
+    try:
+      os.replace(os.path.join(tmp, 'set'), folder)
+    except OSError:  # another process won the race
+      if not os.path.exists(stamp):
+        raise
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  return folder
+
+
+def demo_classes(folder: str) -> dict[str, str]:
+  """{pair name: source photo} of a demo set (its classes, for labelled-set experiments)."""
+  with open(os.path.join(folder, 'classes.csv')) as f:
+    return {row['name']: row['source'] for row in csv.DictReader(f)}

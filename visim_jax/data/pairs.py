@@ -1,0 +1,126 @@
+"""TLL-style look-alike pairs: root/left/NAME and root/right/NAME are a pair (paired by name, never by order).
+
+A subset list restricts the pairs (TLL_obj: a CSV with header `,TLL_obj`, an index column and a name, the
+4,199 names listed twice in the authors' file; duplicates are dropped keeping the first order).
+Precomputed features (`.npz` with `left`, `right` and optional `names`) skip images altogether.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+
+import numpy as np
+
+from visim_jax.data.images import IMAGE_EXTENSIONS
+
+
+@dataclasses.dataclass
+class Pairs:
+  names: list[str]
+  left: list[str]   # image paths
+  right: list[str]
+
+  def __len__(self):
+    return len(self.names)
+
+
+def read_subset(path: str) -> list[str]:
+  """Names from a subset file: a CSV whose last column holds names (header optional) or one name a line.
+
+  Duplicates are removed, first occurrence order kept (the authors' TLL_obj.csv lists every name twice).
+  """
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'config.subset: subset list {path} not found')
+  with open(path, newline='') as f:
+    rows = [r for r in csv.reader(f) if r and any(c.strip() for c in r)]
+  if not rows:
+    raise ValueError(f'{path}: empty subset list')
+  names = [r[-1].strip() for r in rows]
+  first = names[0]
+  if not os.path.splitext(first)[1].lower() in IMAGE_EXTENSIONS:  # a header such as ',TLL_obj'
+    names = names[1:]
+  seen, out = set(), []
+  for n in names:
+    if n not in seen:
+      seen.add(n)
+      out.append(n)
+  if not out:
+    raise ValueError(f'{path}: no names in subset list')
+  return out
+
+
+def _listing(folder: str) -> dict[str, str]:
+  if not os.path.isdir(folder):
+    raise FileNotFoundError(f'config.data_dir: folder {folder} not found (expected left/ and right/ inside)')
+  return {n: os.path.join(folder, n) for n in sorted(os.listdir(folder))
+          if not n.startswith('.') and n.lower().endswith(IMAGE_EXTENSIONS)}
+
+
+def load_pairs(root: str, subset: str | None = None) -> Pairs:
+  """Pairs under `root` (left/ and right/), optionally restricted to the names of a subset list.
+
+  Raises naming the file: a left image without its right partner (or the reverse), a subset name missing
+  on disk, an empty folder.
+  """
+  left = _listing(os.path.join(root, 'left'))
+  right = _listing(os.path.join(root, 'right'))
+  if not left:
+    raise ValueError(f'{os.path.join(root, "left")}: no images')
+  stems_l = {}
+  for n in left:  # duplicate names that differ only by extension are ambiguous
+    stem = os.path.splitext(n)[0]
+    if stem in stems_l:
+      raise ValueError(f'{root}/left: duplicate pair name {stem!r} ({stems_l[stem]} and {n})')
+    stems_l[stem] = n
+  if subset is not None:
+    names = read_subset(subset)
+    missing = [n for n in names if n not in left or n not in right]
+    if missing:
+      side = 'left' if missing[0] not in left else 'right'
+      raise FileNotFoundError(
+          f'{subset}: {len(missing)} subset name(s) have no image under {root}/{side}, e.g. {missing[0]!r}')
+  else:
+    only_l = sorted(set(left) - set(right))
+    only_r = sorted(set(right) - set(left))
+    if only_l:
+      raise ValueError(f'{left[only_l[0]]}: left image without its right partner ({len(only_l)} such)')
+    if only_r:
+      raise ValueError(f'{right[only_r[0]]}: right image without its left partner ({len(only_r)} such)')
+    names = sorted(left)
+  return Pairs(names=names, left=[left[n] for n in names], right=[right[n] for n in names])
+
+
+def load_feature_pairs(path: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+  """(left, right, names) from a precomputed .npz; errors name the file and the field."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'config.features: {path} not found')
+  try:
+    z = np.load(path, allow_pickle=False)
+  except Exception as e:
+    raise ValueError(f'config.features: {path} is not a readable .npz ({e})') from None
+  with z:
+    for k in ('left', 'right'):
+      if k not in z.files:
+        raise KeyError(f'config.features: {path} has no array {k!r} (found {z.files})')
+    left, right = np.asarray(z['left'], np.float32), np.asarray(z['right'], np.float32)
+    names = [str(n) for n in z['names']] if 'names' in z.files else [f'{i:05d}' for i in range(len(left))]
+  check_feature_pairs(left, right, names, source=path)
+  return left, right, names
+
+
+def check_feature_pairs(left, right, names, source='features') -> None:
+  if left.ndim != 2 or right.ndim != 2:
+    raise ValueError(f'{source}: left and right must be 2-D (N, D); got {left.shape} and {right.shape}')
+  if left.shape != right.shape:
+    raise ValueError(f'{source}: left {left.shape} and right {right.shape} shapes differ')
+  if len(names) != len(left):
+    raise ValueError(f'{source}: {len(names)} names for {len(left)} pairs')
+  if len(set(names)) != len(names):
+    dup = next(n for n in names if names.count(n) > 1)
+    raise ValueError(f'{source}: duplicate pair name {dup!r}')
+  for side, a in (('left', left), ('right', right)):
+    bad = ~np.isfinite(a).all(axis=1)
+    if bad.any():
+      raise ValueError(f'{source}: {side} features have NaN/Inf in {bad.sum()} row(s), '
+                       f'first {names[int(np.argmax(bad))]!r}')

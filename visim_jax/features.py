@@ -1,0 +1,201 @@
+"""Pooled multi-layer features (paper 001, Sec. 3) and the on-disk feature cache.
+
+pool(): for each chosen layer, the spatial mean of its map (token mean for (N, T, C) sequences; a (N, C)
+vector is taken as is), L2-normalised per layer, then concatenated in the order of `layers`.
+
+extract(): batched extraction over a list of image files: decoding + resizing on the host (PIL, a thread
+pool overlapping the device), one jitted program per batch shape, a progress bar, optional bfloat16 compute.
+
+cached_features(): the same, behind a cache: one .npz per (image list x backbone x weights x layers x
+preprocessing x dtype) holding `features`, `names` and a JSON `manifest`. Written atomically (temp file + rename);
+reused when the manifest matches; recomputed when anything in it differs; a corrupt or truncated file is
+detected (unreadable zip, wrong shapes, NaN, checksum mismatch) and rebuilt.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import tempfile
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from tqdm.auto import tqdm
+
+from visim_jax.backbones.base import Backbone
+from visim_jax.data import images as images_lib
+
+CACHE_VERSION = 1
+
+
+def pool_one(x: jax.Array, eps: float = 1e-12) -> jax.Array:
+  """Spatial (or token) mean of one stage's output, L2-normalised: (N, ..., C) -> (N, C)."""
+  x = x.astype(jnp.float32)
+  if x.ndim > 2:
+    x = x.mean(axis=tuple(range(1, x.ndim - 1)))
+  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
+def pool(stages, layers: Sequence[str]) -> jax.Array:
+  """Concatenation of pool_one over `layers` (in that order): the paper's image representation."""
+  missing = [l for l in layers if l not in stages]
+  if missing:
+    raise ValueError(f'config.layers: {missing} not among the backbone stages {sorted(stages)}')
+  return jnp.concatenate([pool_one(stages[l]) for l in layers], axis=-1)
+
+
+def layer_dims(backbone: Backbone, layers: Sequence[str]) -> dict[str, int]:
+  x = jax.ShapeDtypeStruct((1, backbone.preprocess.size, backbone.preprocess.size, 3), jnp.uint8)
+  _, stages = jax.eval_shape(backbone.__call__, x)
+  pool(stages, layers)  # validates names
+  return {l: int(stages[l].shape[-1]) for l in layers}
+
+
+def make_extract_fn(backbone: Backbone, layers: Sequence[str], dtype=jnp.float32):
+  """A jitted uint8 NHWC batch -> (N, D) float32 pooled features; variables are an argument (not baked in)."""
+  layers = tuple(layers)
+
+  @jax.jit
+  def fn(variables, images):
+    b = Backbone(backbone.name, backbone.apply_fn, variables, backbone.preprocess, layers, backbone.weights_id)
+    _, stages = b(images, dtype)
+    return pool(stages, layers)
+
+  return fn
+
+
+def extract(backbone: Backbone, paths: Sequence[str], layers: Sequence[str] | None = None,
+            batch_size: int = 32, dtype: str = 'float32', progress: bool = True,
+            desc: str = 'features', num_threads: int = 4) -> np.ndarray:
+  """Pooled features of every image in `paths` (order kept), as float32 (N, D)."""
+  layers = tuple(layers or backbone.layers)
+  if batch_size < 1:
+    raise ValueError(f'config.batch_size: must be >= 1, got {batch_size}')
+  if not paths:
+    raise ValueError('extract: empty image list')
+  fn = make_extract_fn(backbone, layers, jnp.dtype(dtype))
+  dim = sum(layer_dims(backbone, layers).values())
+  out = np.empty((len(paths), dim), np.float32)
+  batches = [list(paths[i:i + batch_size]) for i in range(0, len(paths), batch_size)]
+  pre = backbone.preprocess
+
+  def load(batch):
+    x = images_lib.load_batch(batch, pre)
+    if len(batch) < batch_size:  # pad to one shape: one compilation
+      x = np.concatenate([x, np.zeros((batch_size - len(batch),) + x.shape[1:], x.dtype)])
+    return x
+
+  with concurrent.futures.ThreadPoolExecutor(num_threads) as pool_ex:
+    futures = [pool_ex.submit(load, b) for b in batches[:2]]
+    bar = tqdm(total=len(paths), desc=desc, unit='img', disable=not progress)
+    for i, batch in enumerate(batches):
+      x = futures[i].result()
+      if i + 2 < len(batches):
+        futures.append(pool_ex.submit(load, batches[i + 2]))
+      start = i * batch_size
+      out[start:start + len(batch)] = np.asarray(fn(backbone.variables, x))[:len(batch)]
+      bar.update(len(batch))
+    bar.close()
+  return out
+
+
+# ----------------------------------------------------------------------------------------------- cache
+
+def file_list_hash(paths: Sequence[str]) -> str:
+  """Hash of the file list: names, sizes and modification times (a changed image invalidates the cache)."""
+  h = hashlib.sha256()
+  for p in paths:
+    st = os.stat(p)
+    h.update(f'{os.path.abspath(p)}\0{st.st_size}\0{st.st_mtime_ns}\n'.encode())
+  return h.hexdigest()
+
+
+def manifest_for(backbone: Backbone, paths: Sequence[str], layers: Sequence[str], dtype: str) -> dict:
+  return {
+      'version': CACHE_VERSION,
+      'backbone': backbone.name,
+      'weights_sha256': backbone.weights_id,
+      'layers': list(layers),
+      'preprocessing': backbone.preprocess.describe(),
+      'image_size': backbone.preprocess.size,
+      'dtype': str(dtype),
+      'num_images': len(paths),
+      'file_list_sha256': file_list_hash(paths),
+  }
+
+
+def cache_path(cache_dir: str, tag: str, manifest: dict) -> str:
+  key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
+  return os.path.join(cache_dir, f'{tag}-{manifest["backbone"]}-{key}.npz')
+
+
+def save_npz_atomic(path: str, **arrays) -> None:
+  """np.savez into a temp file in the same folder, then os.replace: readers never see half a file."""
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp-', suffix='.npz')
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      np.savez(f, **arrays)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def _checksum(features: np.ndarray) -> str:
+  return hashlib.sha256(np.ascontiguousarray(features).tobytes()).hexdigest()
+
+
+def read_cache(path: str, manifest: dict | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+  """(features, names) if `path` is a valid cache with this manifest; None if absent, stale or corrupt."""
+  if not os.path.exists(path):
+    return None
+  try:
+    with np.load(path, allow_pickle=False) as z:
+      stored = json.loads(str(z['manifest']))
+      features, names = z['features'], z['names']
+    if stored.get('features_sha256') != _checksum(features):
+      raise ValueError('checksum mismatch')
+    if features.ndim != 2 or len(names) != len(features) or not np.isfinite(features).all():
+      raise ValueError('bad shapes or non-finite values')
+  except Exception as e:  # zip errors, truncation, missing keys, bad json...
+    logging.warning('feature cache %s is corrupt (%s): rebuilding it', path, e)
+    return None
+  if manifest is not None:
+    stored = {k: v for k, v in stored.items() if k != 'features_sha256'}
+    if stored != manifest:
+      return None
+  return features, names
+
+
+def cached_features(backbone: Backbone, paths: Sequence[str], cache_dir: str | None,
+                    layers: Sequence[str] | None = None, names: Sequence[str] | None = None,
+                    tag: str = 'images', batch_size: int = 32, dtype: str = 'float32',
+                    progress: bool = True) -> np.ndarray:
+  """Features of `paths`, from the cache when its manifest matches, else extracted and cached.
+
+  With cache_dir=None nothing is written. `names` (default: the paths) are stored beside the features.
+  """
+  layers = tuple(layers or backbone.layers)
+  names = np.asarray(list(names if names is not None else paths))
+  if cache_dir is None:
+    return extract(backbone, paths, layers, batch_size, dtype, progress, desc=tag)
+  manifest = manifest_for(backbone, paths, layers, dtype)
+  path = cache_path(cache_dir, tag, manifest)
+  hit = read_cache(path, manifest)
+  if hit is not None and np.array_equal(hit[1], names):
+    logging.info('feature cache hit: %s', path)
+    return hit[0]
+  feats = extract(backbone, paths, layers, batch_size, dtype, progress, desc=tag)
+  if not np.isfinite(feats).all():
+    raise FloatingPointError(f'{backbone.name}: non-finite features for {tag}; nothing cached')
+  stored = dict(manifest, features_sha256=_checksum(feats))
+  save_npz_atomic(path, features=feats, names=names, manifest=np.asarray(json.dumps(stored, sort_keys=True)))
+  logging.info('feature cache written: %s', path)
+  return feats

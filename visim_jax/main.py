@@ -1,0 +1,56 @@
+"""Runs an experiment from an ml_collections config file.
+
+  python -m visim_jax.main --config=configs/demo.py --workdir=/tmp/visim_demo
+  python -m visim_jax.main --config=configs/tll.py --workdir=DIR --config.data_dir=/path/to/TLL
+  python -m visim_jax.main --list_backbones
+
+The config's `experiment` field names a module of visim_jax.experiments whose `run(config, workdir)`
+does config -> data -> features -> train -> eval -> report. Unknown `--config.x=y` keys are refused.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to an ml_collections config file.',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Output folder (metrics.json, plots, checkpoints).')
+_LIST = flags.DEFINE_bool('list_backbones', False, 'Print the backbone names and exit.')
+
+EXPERIMENTS = ('adapt', 'simnet', 'histograms', 'twoafc')
+
+
+def run(config, workdir: str):
+  """What main() does, callable from a notebook: returns the experiment's summary dict."""
+  experiment = config.get('experiment')
+  if experiment not in EXPERIMENTS:
+    raise ValueError(f'config.experiment: unknown experiment {experiment!r}; known: {", ".join(EXPERIMENTS)}')
+  module = importlib.import_module(f'visim_jax.experiments.{experiment}')
+  return module.run(config, workdir)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if _LIST.value:
+    from visim_jax.backbones import list_backbones
+    for name, desc in list_backbones().items():
+      print(f'{name:24s} {desc}')
+    return
+  if _CONFIG.value is None:
+    raise app.UsageError('--config=configs/NAME.py is required (try configs/demo.py)')
+  config = _CONFIG.value
+  workdir = _WORKDIR.value or os.path.join('workdirs', config.get('experiment', 'run'))
+  logging.info('workdir: %s', os.path.abspath(workdir))
+  run(config, workdir)
+
+
+def run_main():
+  app.run(main)
+
+
+if __name__ == '__main__':
+  run_main()
