@@ -1,0 +1,53 @@
+"""Asymmetric Recall aR@k (paper 001, Sec. 4) and plain recall@k, from a similarity matrix.
+
+sim[i, j] is the similarity of left image i to right image j over the N test pairs (the candidates are the
+other side's test images only); pair i's partner is j = i.
+
+rank_lr[i] = rank of right i among all right images for the query left i, and rank_rl[i] the same from
+right i towards the left images. Ties are counted *pessimistically*: rank = 1 + #{j != i : sim >= sim_ii},
+so a tie never makes a pair 'found' (argsort-based code would break ties by index, which flatters whichever
+order the data came in).
+
+aR@k = mean_i [ min(rank_lr[i], rank_rl[i]) <= k ]  (found in one direction OR the other),
+R@k (left->right) = mean_i [ rank_lr[i] <= k ].
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+
+def cosine_matrix(a: jax.Array, b: jax.Array, eps: float = 1e-12) -> jax.Array:
+  a = a / jnp.maximum(jnp.linalg.norm(a, axis=-1, keepdims=True), eps)
+  b = b / jnp.maximum(jnp.linalg.norm(b, axis=-1, keepdims=True), eps)
+  return a @ b.T
+
+
+def partner_ranks(sim: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(rank_lr, rank_rl), 1-based, pessimistic on ties; sim is (N, N) with partners on the diagonal."""
+  diag = jnp.diagonal(sim)
+  n = sim.shape[0]
+  off = ~jnp.eye(n, dtype=bool)
+  rank_lr = 1 + jnp.sum((sim >= diag[:, None]) & off, axis=1)
+  rank_rl = 1 + jnp.sum((sim >= diag[None, :]) & off, axis=0)
+  return rank_lr, rank_rl
+
+
+def asymmetric_recall(sim: jax.Array, ks: Sequence[int]) -> jax.Array:
+  """aR@k for each k in ks: shape (len(ks),)."""
+  rank_lr, rank_rl = partner_ranks(sim)
+  best = jnp.minimum(rank_lr, rank_rl)
+  return jnp.stack([jnp.mean(best <= k) for k in ks])
+
+
+def recall(sim: jax.Array, ks: Sequence[int]) -> jax.Array:
+  """Left->right recall@k for each k: shape (len(ks),)."""
+  rank_lr, _ = partner_ranks(sim)
+  return jnp.stack([jnp.mean(rank_lr <= k) for k in ks])
+
+
+def asymmetric_recall_features(left: jax.Array, right: jax.Array, ks: Sequence[int]) -> jax.Array:
+  """aR@k of cosine similarity between two (N, D) feature sets whose rows are partners."""
+  return asymmetric_recall(cosine_matrix(left, right), ks)
