@@ -51,7 +51,9 @@ def pool(stages, layers: Sequence[str]) -> jax.Array:
 def layer_dims(backbone: Backbone, layers: Sequence[str]) -> dict[str, int]:
   x = jax.ShapeDtypeStruct((1, backbone.preprocess.size, backbone.preprocess.size, 3), jnp.uint8)
   _, stages = jax.eval_shape(backbone.__call__, x)
-  pool(stages, layers)  # validates names
+  missing = [l for l in layers if l not in stages]
+  if missing:
+    raise ValueError(f'config.layers: {missing} not among the {backbone.name} stages {sorted(stages)}')
   return {l: int(stages[l].shape[-1]) for l in layers}
 
 
@@ -70,8 +72,11 @@ def make_extract_fn(backbone: Backbone, layers: Sequence[str], dtype=jnp.float32
 
 def extract(backbone: Backbone, paths: Sequence[str], layers: Sequence[str] | None = None,
             batch_size: int = 32, dtype: str = 'float32', progress: bool = True,
-            desc: str = 'features', num_threads: int = 4) -> np.ndarray:
-  """Pooled features of every image in `paths` (order kept), as float32 (N, D)."""
+            desc: str = 'features', num_threads: int = 4, flip: bool = False) -> np.ndarray:
+  """Pooled features of every image in `paths` (order kept), as float32 (N, D).
+
+  flip=True mirrors every image horizontally first (the adaptation paper's augmentation view).
+  """
   layers = tuple(layers or backbone.layers)
   if batch_size < 1:
     raise ValueError(f'config.batch_size: must be >= 1, got {batch_size}')
@@ -85,6 +90,8 @@ def extract(backbone: Backbone, paths: Sequence[str], layers: Sequence[str] | No
 
   def load(batch):
     x = images_lib.load_batch(batch, pre)
+    if flip:
+      x = np.ascontiguousarray(x[:, :, ::-1])
     if len(batch) < batch_size:  # pad to one shape: one compilation
       x = np.concatenate([x, np.zeros((batch_size - len(batch),) + x.shape[1:], x.dtype)])
     return x
@@ -114,7 +121,8 @@ def file_list_hash(paths: Sequence[str]) -> str:
   return h.hexdigest()
 
 
-def manifest_for(backbone: Backbone, paths: Sequence[str], layers: Sequence[str], dtype: str) -> dict:
+def manifest_for(backbone: Backbone, paths: Sequence[str], layers: Sequence[str], dtype: str,
+                 flip: bool = False) -> dict:
   return {
       'version': CACHE_VERSION,
       'backbone': backbone.name,
@@ -123,6 +131,7 @@ def manifest_for(backbone: Backbone, paths: Sequence[str], layers: Sequence[str]
       'preprocessing': backbone.preprocess.describe(),
       'image_size': backbone.preprocess.size,
       'dtype': str(dtype),
+      'flip': bool(flip),
       'num_images': len(paths),
       'file_list_sha256': file_list_hash(paths),
   }
@@ -177,22 +186,23 @@ def read_cache(path: str, manifest: dict | None = None) -> tuple[np.ndarray, np.
 def cached_features(backbone: Backbone, paths: Sequence[str], cache_dir: str | None,
                     layers: Sequence[str] | None = None, names: Sequence[str] | None = None,
                     tag: str = 'images', batch_size: int = 32, dtype: str = 'float32',
-                    progress: bool = True) -> np.ndarray:
+                    progress: bool = True, flip: bool = False) -> np.ndarray:
   """Features of `paths`, from the cache when its manifest matches, else extracted and cached.
 
   With cache_dir=None nothing is written. `names` (default: the paths) are stored beside the features.
   """
   layers = tuple(layers or backbone.layers)
   names = np.asarray(list(names if names is not None else paths))
+  tag = tag + ('-flip' if flip else '')
   if cache_dir is None:
-    return extract(backbone, paths, layers, batch_size, dtype, progress, desc=tag)
-  manifest = manifest_for(backbone, paths, layers, dtype)
+    return extract(backbone, paths, layers, batch_size, dtype, progress, desc=tag, flip=flip)
+  manifest = manifest_for(backbone, paths, layers, dtype, flip)
   path = cache_path(cache_dir, tag, manifest)
   hit = read_cache(path, manifest)
   if hit is not None and np.array_equal(hit[1], names):
     logging.info('feature cache hit: %s', path)
     return hit[0]
-  feats = extract(backbone, paths, layers, batch_size, dtype, progress, desc=tag)
+  feats = extract(backbone, paths, layers, batch_size, dtype, progress, desc=tag, flip=flip)
   if not np.isfinite(feats).all():
     raise FloatingPointError(f'{backbone.name}: non-finite features for {tag}; nothing cached')
   stored = dict(manifest, features_sha256=_checksum(feats))

@@ -80,10 +80,35 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
   return '\n'.join([line(header), line(['-' * w for w in widths])] + [line(r) for r in cells])
 
 
-def metric_writer(workdir: str):
-  """clu metric writer: TensorBoard scalars under workdir (a no-op writer on processes other than 0)."""
-  from clu import metric_writers
-  return metric_writers.create_default_writer(workdir, just_logging=not is_writer(), asynchronous=False)
+class ScalarWriter:
+  """TensorBoard scalars under `logdir` with the clu writer interface (write_scalars / flush / close).
+
+  clu's TensorBoard writer needs TensorFlow (an optional extra here), so the event files are written with
+  tensorboardX; on processes other than 0 it writes nothing.
+  """
+
+  def __init__(self, logdir: str):
+    self._writer = None
+    if is_writer():
+      from tensorboardX import SummaryWriter
+      self._writer = SummaryWriter(logdir)
+
+  def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+    if self._writer is not None:
+      for k, v in scalars.items():
+        self._writer.add_scalar(k, float(v), int(step))
+
+  def flush(self):
+    if self._writer is not None:
+      self._writer.flush()
+
+  def close(self):
+    if self._writer is not None:
+      self._writer.close()
+
+
+def metric_writer(workdir: str) -> ScalarWriter:
+  return ScalarWriter(os.path.join(workdir, 'tensorboard'))
 
 
 def write_scalars_series(workdir: str, series: Mapping[str, Sequence[float]], step0: int = 1) -> None:
@@ -92,5 +117,4 @@ def write_scalars_series(workdir: str, series: Mapping[str, Sequence[float]], st
   n = max((len(v) for v in series.values()), default=0)
   for t in range(n):
     writer.write_scalars(step0 + t, {k: float(v[t]) for k, v in series.items() if t < len(v)})
-  writer.flush()
   writer.close()

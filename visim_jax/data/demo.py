@@ -1,7 +1,8 @@
 """The embedded offline demo: look-alike pairs built only from images that ship inside installed packages.
 
 Sources: photos bundled with scikit-image (`skimage.data`) and scikit-learn (`load_sample_images`). A pair
-is two different random crops of one source photo; the right side is re-rendered (grayscale, posterised,
+is two views of one random region of a source photo (the second shifted and rescaled a little); the right
+side is re-rendered (grayscale, posterised,
 edge sketch, colour shift, mirror, blur, ...), so the two sides look alike without being the same pixels,
 which stands in for TLL's 'totally looks like' pairs until the user points the config at the real data.
 
@@ -20,7 +21,7 @@ import tempfile
 import numpy as np
 from PIL import Image, ImageFilter, ImageOps
 
-DEMO_VERSION = 1
+DEMO_VERSION = 2
 IMAGE_SIZE = 160  # side of the stored demo images
 # skimage.data names of bundled photos (no download needed) with enough content to crop
 SKIMAGE_SOURCES = ('astronaut', 'chelsea', 'coffee', 'rocket', 'camera', 'coins', 'hubble_deep_field',
@@ -53,10 +54,27 @@ def source_images() -> dict[str, Image.Image]:
   return out
 
 
-def _crop(im: Image.Image, rng: np.random.RandomState) -> Image.Image:
+def _box(im: Image.Image, rng: np.random.RandomState) -> tuple[int, int, int]:
+  """A random square region (x0, y0, side) covering 30-60% of the shorter side."""
   w, h = im.size
-  side = int(min(w, h) * rng.uniform(0.35, 0.7))
-  x0, y0 = rng.randint(0, w - side + 1), rng.randint(0, h - side + 1)
+  side = int(min(w, h) * rng.uniform(0.3, 0.6))
+  return rng.randint(0, w - side + 1), rng.randint(0, h - side + 1), side
+
+
+def _jitter(im: Image.Image, box, rng: np.random.RandomState) -> tuple[int, int, int]:
+  """The same region seen again: shifted by up to 12% and rescaled by 0.88-1.12, kept inside the image."""
+  w, h = im.size
+  x0, y0, side = box
+  new = int(np.clip(side * rng.uniform(0.88, 1.12), 8, min(w, h)))
+  cx = x0 + side / 2 + rng.uniform(-0.12, 0.12) * side
+  cy = y0 + side / 2 + rng.uniform(-0.12, 0.12) * side
+  nx = int(np.clip(cx - new / 2, 0, w - new))
+  ny = int(np.clip(cy - new / 2, 0, h - new))
+  return nx, ny, new
+
+
+def _crop(im: Image.Image, box) -> Image.Image:
+  x0, y0, side = box
   return im.crop((x0, y0, x0 + side, y0 + side)).resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BICUBIC)
 
 
@@ -92,9 +110,10 @@ def _build(folder: str, n_pairs: int, seed: int) -> None:
   rows = []
   for i in range(n_pairs):
     src = names[i % len(names)]
-    left = _crop(sources[src], rng)
+    box = _box(sources[src], rng)
+    left = _crop(sources[src], box)
     how = RENDERINGS[rng.randint(len(RENDERINGS))]
-    right = render(_crop(sources[src], rng), how, rng)
+    right = render(_crop(sources[src], _jitter(sources[src], box, rng)), how, rng)
     name = f'{i + 1:05d}.png'
     left.save(os.path.join(folder, 'left', name), optimize=False)
     right.save(os.path.join(folder, 'right', name), optimize=False)

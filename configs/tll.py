@@ -1,0 +1,58 @@
+r"""The adaptation experiment on Totally Looks Like (paper 001: Risser-Maroix et al., ICIP 2021).
+
+  python -m visim_jax.main --config=configs/tll.py --workdir=workdirs/tll \
+      --config.data_dir=/path/to/TLL --config.subset=/path/to/TLL_obj.csv --config.backbone=clip_rn50x4
+
+`data_dir` holds left/ and right/ (a pair = the same file name in both). `subset` restricts to TLL_obj
+(4,199 names; the authors' TLL_obj.csv, also in ../shared/data/tll/). `--config=configs/tll.py:local` is a
+small quick mode (3 runs x 30 epochs). Precomputed features: --config.dataset=features
+--config.features=feats.npz --config.flip=False (or with left_flip/right_flip arrays in the file).
+"""
+import ml_collections
+
+
+def get_config(arg=None):
+  c = ml_collections.ConfigDict()
+  c.experiment = 'adapt'
+  c.dataset = 'tll'            # 'tll' | 'demo' | 'features'
+  c.data_dir = ''              # TLL root (left/, right/)
+  c.subset = ''                # list of pair names (e.g. TLL_obj.csv); '' = every pair in data_dir
+  c.features = ''              # precomputed .npz (dataset='features')
+  c.demo = ml_collections.ConfigDict({'root': '', 'n_pairs': 192, 'seed': 0})
+
+  # features
+  c.backbone = 'efficientnet_lite0'
+  c.backbone_kwargs = ml_collections.ConfigDict({'weights': '', 'random_init': -1, 'tiny': False})
+  c.layers = ''                # comma-separated stage names; '' = the backbone's default pooled layers
+  c.image_batch_size = 32
+  c.dtype = 'float32'          # backbone compute dtype: 'float32' | 'bfloat16'
+  c.cache_dir = ''             # '' = ~/.cache/visim_jax/features
+  c.flip = True                # mirrored images as a second training view (reference code)
+
+  # method
+  c.pca_dim = 256
+  c.pca_fit = 'train'          # 'train' (each run's training split) | 'all' (reference: all vectors)
+  c.pca_whiten = False
+  c.adapt_dim = 1024
+  c.sigma = 15.0
+  c.lr = 1e-3
+  c.epochs = 150
+
+  # protocol
+  c.runs = 20
+  c.train_fraction = 0.75
+  c.seed = 0
+  c.ks = (1, 5, 20)
+
+  # outputs
+  c.checkpoint = True
+  c.checkpoint_every = 25
+  c.plots = True
+  c.sheet_queries = 6
+  c.debug_stop_after_epoch = 0  # >0: stop (as if killed) after this epoch's checkpoint; for resume tests
+
+  if arg == 'local':
+    c.runs, c.epochs, c.checkpoint_every = 3, 30, 10
+  elif arg:
+    raise ValueError(f'configs/tll.py: unknown argument {arg!r} (known: local)')
+  return c

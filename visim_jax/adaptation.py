@@ -1,0 +1,40 @@
+"""The adaptation function and its loss (paper 001, Sec. 3, Eq. 1).
+
+a = ReLU(W d), W: pca_dim -> adapt_dim (256 -> 1024), no bias.
+S = cosine(a_left, a_right) * sigma        (N x N, row i = left i against every right)
+L = (CE(softmax(S), I) + CE(softmax(S^T), I)) / 2   (mean over the N rows; the partner is the diagonal)
+
+W is initialised as torch.nn.Linear does (the reference code): U(-1/sqrt(in), 1/sqrt(in)).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def init(key: jax.Array, in_dim: int = 256, out_dim: int = 1024) -> dict:
+  bound = 1.0 / jnp.sqrt(in_dim)
+  return {'w': jax.random.uniform(key, (in_dim, out_dim), jnp.float32, -bound, bound)}
+
+
+def adapt(params: dict, d: jax.Array) -> jax.Array:
+  return jax.nn.relu(d @ params['w'])
+
+
+def cosine_logits(a_left: jax.Array, a_right: jax.Array, sigma: float, eps: float = 1e-8) -> jax.Array:
+  l = a_left / jnp.maximum(jnp.linalg.norm(a_left, axis=-1, keepdims=True), eps)
+  r = a_right / jnp.maximum(jnp.linalg.norm(a_right, axis=-1, keepdims=True), eps)
+  return (l @ r.T) * sigma
+
+
+def symmetric_ce(logits: jax.Array) -> jax.Array:
+  """(CE(S, I) + CE(S^T, I)) / 2, each the mean over the N rows."""
+  labels = jnp.arange(logits.shape[0])
+  lr = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+  rl = optax.softmax_cross_entropy_with_integer_labels(logits.T, labels).mean()
+  return (lr + rl) / 2
+
+
+def loss_fn(params: dict, d_left: jax.Array, d_right: jax.Array, sigma: float) -> jax.Array:
+  return symmetric_ce(cosine_logits(adapt(params, d_left), adapt(params, d_right), sigma))

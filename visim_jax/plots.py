@@ -1,0 +1,84 @@
+"""Figures of the adaptation experiment: aR@k against k (paper Fig. 3), training curves, retrieval sheet (Fig. 4)."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from visim_jax import adaptation, pca as pca_lib, report, train  # noqa: E402
+from visim_jax.data import images as images_lib  # noqa: E402
+from visim_jax.metrics import retrieval  # noqa: E402
+
+
+def _band(ax, x, runs, label, style='-', color=None):
+  m, s = runs.mean(0), runs.std(0)
+  line, = ax.plot(x, m, style, label=label, color=color)
+  ax.fill_between(x, m - 2 * s, m + 2 * s, alpha=0.15, color=line.get_color())
+
+
+def recall_at_k(out: dict, path: str, chosen: int, max_k: int = 50) -> None:
+  """aR@k for k = 1..max_k: raw and PCA (dashed, before) vs adapted at the chosen epoch; mean +- 2 std."""
+  ks = np.arange(1, max_k + 1)
+  fig, ax = plt.subplots(figsize=(6, 4))
+  _band(ax, ks, train.recall_from_ranks(out['raw'], ks), 'raw features (before)', '--')
+  _band(ax, ks, train.recall_from_ranks(out['pca'], ks), 'PCA features (before)', '--')
+  _band(ax, ks, train.recall_from_ranks(out['ranks'][:, chosen], ks), f'adapted, epoch {chosen + 1}')
+  _band(ax, ks, train.recall_from_ranks(out['ranks'][:, -1], ks), 'adapted, last epoch', ':')
+  ax.set_xlabel('k')
+  ax.set_ylabel('Asymmetric Recall aR@k')
+  ax.set_ylim(0, 1)
+  ax.grid(alpha=0.3)
+  ax.legend(loc='lower right', fontsize=8)
+  ax.set_title(f'aR@k over {out["ranks"].shape[0]} runs (mean ± 2 std)')
+  report.save_figure(fig, path)
+
+
+def training_curves(loss: np.ndarray, curve: np.ndarray, ks, chosen_epoch: int, path: str) -> None:
+  """Training loss and test aR@k per epoch (mean ± 2 std over runs); the chosen epoch marked."""
+  epochs = np.arange(1, loss.shape[1] + 1)
+  fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+  _band(a1, epochs, loss, 'train loss')
+  a1.set_xlabel('epoch')
+  a1.set_ylabel('symmetric cross-entropy')
+  a1.grid(alpha=0.3)
+  for j, k in enumerate(ks):
+    _band(a2, epochs, curve[:, :, j], f'test aR@{k}')
+  a2.axvline(chosen_epoch, color='k', lw=0.8, ls='--', label=f'chosen on test: {chosen_epoch}')
+  a2.set_xlabel('epoch')
+  a2.set_ylabel('aR@k')
+  a2.set_ylim(0, 1)
+  a2.grid(alpha=0.3)
+  a2.legend(fontsize=8)
+  report.save_figure(fig, path)
+
+
+def retrieval_sheet(feats, out: dict, names, paths, path: str, n_queries: int = 6, top: int = 5,
+                    thumb: int = 96) -> None:
+  """Run 0: test queries (left), their ground truth (right), top-5 rights before (raw cosine) and after."""
+  test = out['test_idx'][0]
+  left_paths, right_paths = paths
+  p0 = pca_lib.PCA(*(np.asarray(a)[0] for a in out['pcas']))
+  w0 = {'w': np.asarray(out['params']['w'])[0]}
+  lt, rt = feats.left[test], feats.right[test]
+  raw = np.asarray(retrieval.cosine_matrix(lt, rt))
+  adapted = np.asarray(retrieval.cosine_matrix(adaptation.adapt(w0, pca_lib.transform(p0, lt)),
+                                               adaptation.adapt(w0, pca_lib.transform(p0, rt))))
+  queries = np.linspace(0, len(test) - 1, min(n_queries, len(test))).astype(int)
+  pre = images_lib.Preprocess(size=thumb, resize='shorter_crop')
+  cols = 2 + 2 * top
+  fig, axes = plt.subplots(len(queries), cols, figsize=(cols * 1.1, len(queries) * 1.25))
+  axes = np.atleast_2d(axes)
+  for row, q in enumerate(queries):
+    cells = [(left_paths[test[q]], 'query'), (right_paths[test[q]], 'truth')]
+    for label, sim in (('before', raw), ('after', adapted)):
+      for rank, j in enumerate(np.argsort(-sim[q])[:top]):
+        cells.append((right_paths[test[j]], f'{label} {rank + 1}' + (' ✓' if j == q else '')))
+    for c, (p, title) in enumerate(cells):
+      ax = axes[row, c]
+      ax.imshow(images_lib.load_image(p, pre))
+      ax.set_xticks([]), ax.set_yticks([])
+      ax.set_title(title, fontsize=6, color='green' if '✓' in title else 'black')
+  fig.suptitle('Retrieval (run 0, last epoch): query, ground truth, top-5 before | after adaptation', fontsize=8)
+  report.save_figure(fig, path)
