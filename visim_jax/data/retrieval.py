@@ -1,0 +1,157 @@
+"""Oxford5k / Paris6k ground truth as distributed by their authors, classic and revisited.
+
+Classic (Philbin et al. 2007/2008, the `gt_files` folder): for every query id Q (e.g. `all_souls_1`) four text
+files Q_query.txt (one line: `image x1 y1 x2 y2`, the image name with Oxford's `oxc1_` prefix, which is
+stripped), Q_good.txt, Q_ok.txt, Q_junk.txt (one database image name a line, no extension). Positives are
+good + ok; junk is ignored by the metric (visim_jax.metrics.map.evaluate_classic). Queries are sorted by id.
+
+Revisited (Radenovic et al. 2018, gnd_roxford5k.pkl / gnd_rparis6k.pkl): a pickle of
+{'imlist': [names], 'qimlist': [query names], 'gnd': [{'bbx': [x1, y1, x2, y2], 'easy': [idx], 'hard': [idx],
+'junk': [idx]}, ...]} with indices into imlist. It is read with visim_jax.safe_pickle.load_data_pickle
+(containers + numpy arrays only; never a plain pickle.load).
+
+Both loaders return a `RetrievalGT` whose `gnd` holds index arrays into `imlist` (classic: {'ok', 'good',
+'junk'}; revisited: {'easy', 'hard', 'junk'}), ready for metrics.map.evaluate_classic / evaluate_revisited.
+Bad input raises naming the file (and line).
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from typing import Sequence
+
+import numpy as np
+
+from visim_jax import safe_pickle
+
+CLASSIC_SUFFIXES = ('good', 'ok', 'junk')
+
+
+@dataclasses.dataclass
+class RetrievalGT:
+  protocol: str               # 'classic' | 'revisited'
+  imlist: list[str]           # database image names (no extension)
+  qimlist: list[str]          # query image names, one per query
+  query_ids: list[str]        # classic: the gt file stem (all_souls_1); revisited: the query image name
+  bboxes: np.ndarray          # (Q, 4) float: x1, y1, x2, y2 of the query region
+  gnd: list[dict]             # per query: {name: int64 index array into imlist}
+
+  def __len__(self):
+    return len(self.qimlist)
+
+
+def _strip_name(name: str) -> str:
+  name = name.strip()
+  if name.startswith('oxc1_'):
+    name = name[len('oxc1_'):]
+  return os.path.splitext(name)[0] if name.lower().endswith(('.jpg', '.jpeg', '.png')) else name
+
+
+def _read_names(path: str) -> list[tuple[int, str]]:
+  with open(path) as f:
+    return [(i + 1, line.strip()) for i, line in enumerate(f) if line.strip()]
+
+
+def load_classic_gt(gt_dir: str, imlist: Sequence[str] | None = None) -> RetrievalGT:
+  """The classic gt_files folder. `imlist` = database image names (no extension, order = score columns); when
+  None, the sorted union of every name in the good/ok/junk/query files is used (enough for tests, not for a
+  real evaluation where the database holds distractors too)."""
+  if not os.path.isdir(gt_dir):
+    raise FileNotFoundError(f'config.gt_dir: ground-truth folder {gt_dir} not found')
+  query_files = sorted(glob.glob(os.path.join(gt_dir, '*_query.txt')))
+  if not query_files:
+    raise ValueError(f'{gt_dir}: no *_query.txt files (expected the Oxford/Paris gt_files layout)')
+  queries = []
+  for qf in query_files:
+    qid = os.path.basename(qf)[:-len('_query.txt')]
+    lines = _read_names(qf)
+    if len(lines) != 1:
+      raise ValueError(f'{qf}: expected one line `image x1 y1 x2 y2`, found {len(lines)}')
+    lineno, line = lines[0]
+    fields = line.split()
+    if len(fields) != 5:
+      raise ValueError(f'{qf}:{lineno}: expected `image x1 y1 x2 y2`, got {line!r}')
+    try:
+      bbox = [float(v) for v in fields[1:]]
+    except ValueError:
+      raise ValueError(f'{qf}:{lineno}: bounding box is not 4 numbers: {line!r}') from None
+    lists = {}
+    for suffix in CLASSIC_SUFFIXES:
+      path = os.path.join(gt_dir, f'{qid}_{suffix}.txt')
+      if not os.path.isfile(path):
+        raise FileNotFoundError(f'{path}: missing (query {qid} needs {qid}_{{good,ok,junk}}.txt)')
+      lists[suffix] = [(path, n, _strip_name(name)) for n, name in _read_names(path)]
+    queries.append((qid, _strip_name(fields[0]), bbox, lists))
+
+  if imlist is None:
+    names = {q[1] for q in queries}
+    for q in queries:
+      names.update(name for entries in q[3].values() for _, _, name in entries)
+    imlist = sorted(names)
+  imlist = [_strip_name(n) for n in imlist]
+  index = {n: i for i, n in enumerate(imlist)}
+  if len(index) != len(imlist):
+    raise ValueError('imlist: duplicate database image names')
+  gnd = []
+  for qid, _, _, lists in queries:
+    entry = {}
+    for suffix, entries in lists.items():
+      idx = []
+      for path, lineno, name in entries:
+        if name not in index:
+          raise ValueError(f'{path}:{lineno}: image {name!r} is not in the database image list')
+        idx.append(index[name])
+      entry[suffix] = np.asarray(idx, np.int64)
+    entry['ok'] = np.concatenate([entry['good'], entry['ok']])   # classic positives: good + ok
+    gnd.append(entry)
+  return RetrievalGT(protocol='classic', imlist=list(imlist), qimlist=[q[1] for q in queries],
+                     query_ids=[q[0] for q in queries], bboxes=np.asarray([q[2] for q in queries], np.float64),
+                     gnd=gnd)
+
+
+def load_revisited_gnd(path: str) -> RetrievalGT:
+  """gnd_roxford5k.pkl / gnd_rparis6k.pkl (revisited Oxford / Paris), validated."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'config.gnd: revisited ground truth {path} not found')
+  cfg = safe_pickle.load_data_pickle(path)
+  if not isinstance(cfg, dict):
+    raise ValueError(f'{path}: expected a dict with imlist, qimlist, gnd; found {type(cfg).__name__}')
+  for key in ('imlist', 'qimlist', 'gnd'):
+    if key not in cfg:
+      raise KeyError(f'{path}: no {key!r} entry (found {sorted(cfg)})')
+  imlist = [str(n) for n in cfg['imlist']]
+  qimlist = [str(n) for n in cfg['qimlist']]
+  raw = list(cfg['gnd'])
+  if len(raw) != len(qimlist):
+    raise ValueError(f'{path}: {len(raw)} gnd entries for {len(qimlist)} queries')
+  gnd, bboxes = [], []
+  for q, g in enumerate(raw):
+    if not isinstance(g, dict):
+      raise ValueError(f'{path}: gnd[{q}] is a {type(g).__name__}, expected a dict')
+    entry = {}
+    for key in ('easy', 'hard', 'junk'):
+      if key not in g:
+        raise KeyError(f'{path}: gnd[{q}] has no {key!r} list')
+      idx = np.asarray(g[key], np.int64).reshape(-1)
+      if idx.size and (idx.min() < 0 or idx.max() >= len(imlist)):
+        raise ValueError(f'{path}: gnd[{q}][{key!r}] has an index outside [0, {len(imlist)})')
+      entry[key] = idx
+    gnd.append(entry)
+    bbx = g.get('bbx')
+    bboxes.append(np.asarray(bbx, np.float64).reshape(4) if bbx is not None else np.full(4, np.nan))
+  return RetrievalGT(protocol='revisited', imlist=imlist, qimlist=qimlist, query_ids=list(qimlist),
+                     bboxes=np.asarray(bboxes).reshape(-1, 4), gnd=gnd)
+
+
+def load_gt(path: str, imlist: Sequence[str] | None = None) -> RetrievalGT:
+  """A folder -> classic gt_files; a .pkl file -> revisited gnd."""
+  if os.path.isdir(path):
+    return load_classic_gt(path, imlist)
+  if path.endswith('.pkl'):
+    gt = load_revisited_gnd(path)
+    if imlist is not None and [_strip_name(n) for n in imlist] != gt.imlist:
+      raise ValueError(f'{path}: its imlist differs from the database names given ({len(gt.imlist)} vs '
+                       f'{len(imlist)} images, or another order)')
+    return gt
+  raise ValueError(f'config.eval.gt: {path} is neither a gt_files folder nor a revisited .pkl')

@@ -1,0 +1,275 @@
+"""SimNet: a non-metric similarity network on pairs of image vectors (paper 002, Garcia & Vogiatzis).
+
+Model (Sec. 3.2): s_ij = g([x_i, x_j]), an MLP on the *concatenated* pair (order matters: g is not symmetric),
+ReLU after every fully connected layer but the last, one scalar out. Table 1's architectures are ARCHITECTURES
+(hidden widths; the final FC-1 is implied): A (1024, 1024), B (4096, 4096; the paper's default), C (8192, 8192),
+D (4096, 4096, 4096).
+
+Loss (Eq. 2): L = | s_ij - l_ij (sim(x_i, x_j) + delta) - (1 - l_ij)(sim(x_i, x_j) - delta) |, sim = cosine,
+l_ij = 1 for a similar pair (Eq. 3). Averaged over the batch. delta = 0 is the warm-up (imitate cosine).
+
+Warm-up (Sec. 4.2-4.3): random pairs of vectors whose cosine is spread uniformly over [-1, 1]
+(`random_pairs`), delta = 0; measured by MSE and Pearson rho between g and cosine (Table 1).
+
+Optimiser (Sec. 4.2): SGD, lr 1e-3, momentum 0.9, weight decay 5e-4 (added to the gradient before momentum, as
+Caffe / torch.optim.SGD do: optax.add_decayed_weights then optax.sgd), batch 100.
+
+Difficult pairs (SimNet*, Sec. 3.3): `hard_pair_mask` marks pairs where the network does worse than the metric:
+s < cos for a match, s > cos for a non-match.
+
+All-pairs scoring (`score_matrix`, `top_k`): the first layer is split per image, W1 = [W1a; W1b] (W1a acts on
+x_i, W1b on x_j), so h1 = relu(x_i W1a + x_j W1b + b1): each query and database vector is projected once per
+tile and the (Q, D, 2K) concatenation is never formed. The Q x D grid is cut into (q_tile x d_tile) tiles so
+the live activations are q_tile * d_tile * H whatever Q and D; `top_k` keeps a running top-k per query over the
+database tiles (lax.scan, lax.top_k of the concatenated candidates), so its memory is O(Q k) besides one tile.
+`compute_dtype='bfloat16'` runs the hidden layers in bfloat16 (float32 accumulation is left to XLA's defaults).
+
+Initialisation (not stated in the paper): He-normal weights (fan-in, for ReLU), zero biases; the last layer
+LeCun-normal.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+
+ARCHITECTURES: dict[str, tuple[int, ...]] = {
+    'A': (1024, 1024),
+    'B': (4096, 4096),
+    'C': (8192, 8192),
+    'D': (4096, 4096, 4096),
+}
+
+Params = dict  # {'layer_00': {'w': (in, out), 'b': (out,)}, ...}
+
+
+def hidden_sizes(architecture: str | Sequence[int]) -> tuple[int, ...]:
+  """Table 1 letter -> hidden widths; a sequence of ints is taken as the widths themselves."""
+  if isinstance(architecture, str):
+    if architecture.upper() not in ARCHITECTURES:
+      raise ValueError(f'config.architecture: unknown {architecture!r}; known: {", ".join(ARCHITECTURES)} '
+                       'or a comma-separated list of widths')
+    return ARCHITECTURES[architecture.upper()]
+  sizes = tuple(int(h) for h in architecture)
+  if not sizes or min(sizes) < 1:
+    raise ValueError(f'config.architecture: widths must be positive, got {sizes}')
+  return sizes
+
+
+def layer_names(params: Params) -> list[str]:
+  return sorted(params)
+
+
+def init_params(key: jax.Array, dim: int, hidden: Sequence[int]) -> Params:
+  """Parameters of g for image vectors of size `dim` (input 2 * dim)."""
+  sizes = (2 * dim, *hidden, 1)
+  keys = jax.random.split(key, len(sizes) - 1)
+  params = {}
+  for i, (k, n_in, n_out) in enumerate(zip(keys, sizes[:-1], sizes[1:])):
+    last = i == len(sizes) - 2
+    std = (1.0 if last else 2.0) ** 0.5 / n_in ** 0.5
+    params[f'layer_{i:02d}'] = {'w': std * jax.random.normal(k, (n_in, n_out), jnp.float32),
+                                'b': jnp.zeros((n_out,), jnp.float32)}
+  return params
+
+
+def num_params(params: Params) -> int:
+  return int(sum(x.size for x in jax.tree.leaves(params)))
+
+
+def _mlp_tail(params: Params, h: jax.Array, dtype=jnp.float32) -> jax.Array:
+  """Layers 2..L on first-layer pre-activations h (..., H1): relu, then FC+relu, ..., last FC -> (...)."""
+  names = layer_names(params)
+  h = jax.nn.relu(h.astype(dtype))
+  for name in names[1:-1]:
+    h = jax.nn.relu(h @ params[name]['w'].astype(dtype) + params[name]['b'].astype(dtype))
+  last = params[names[-1]]
+  out = h @ last['w'].astype(dtype) + last['b'].astype(dtype)
+  return out[..., 0].astype(jnp.float32)
+
+
+def apply(params: Params, xi: jax.Array, xj: jax.Array) -> jax.Array:
+  """s = g([x_i, x_j]) for aligned batches (B, K), (B, K) -> (B,): the literal concatenation."""
+  first = params[layer_names(params)[0]]
+  x = jnp.concatenate([xi, xj], axis=-1)
+  return _mlp_tail(params, x @ first['w'] + first['b'])
+
+
+def cosine(xi: jax.Array, xj: jax.Array, eps: float = 1e-12) -> jax.Array:
+  """Row-wise cosine similarity of aligned batches: (B, K), (B, K) -> (B,)."""
+  num = jnp.sum(xi * xj, axis=-1)
+  return num / jnp.maximum(jnp.linalg.norm(xi, axis=-1) * jnp.linalg.norm(xj, axis=-1), eps)
+
+
+def targets(cos: jax.Array, similar: jax.Array, delta: float | jax.Array) -> jax.Array:
+  """Eq. 2's regression target: cos + delta for a similar pair, cos - delta otherwise."""
+  similar = similar.astype(cos.dtype)
+  return similar * (cos + delta) + (1.0 - similar) * (cos - delta)
+
+
+def loss_fn(params: Params, xi: jax.Array, xj: jax.Array, similar: jax.Array,
+            delta: float | jax.Array) -> jax.Array:
+  """Mean over the batch of Eq. 2: |s_ij - target_ij|."""
+  s = apply(params, xi, xj)
+  return jnp.mean(jnp.abs(s - targets(cosine(xi, xj), similar, delta)))
+
+
+def warmup_loss_fn(params: Params, xi: jax.Array, xj: jax.Array) -> jax.Array:
+  """Eq. 2 with delta = 0 (the label no longer matters): mean |s - cos|."""
+  return jnp.mean(jnp.abs(apply(params, xi, xj) - cosine(xi, xj)))
+
+
+def hard_pair_mask(scores: jax.Array, cos: jax.Array, similar: jax.Array) -> jax.Array:
+  """SimNet* difficult pairs: the network is worse than the metric (lower for a match, higher for a non-match)."""
+  return jnp.where(similar, scores < cos, scores > cos)
+
+
+def optimizer(lr: float = 1e-3, momentum: float = 0.9, weight_decay: float = 5e-4,
+              kind: str = 'sgd') -> optax.GradientTransformation:
+  """The paper's SGD (weight decay added to the gradient, then momentum); 'adam' for quick local runs."""
+  if kind == 'sgd':
+    return optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(lr, momentum=momentum or None))
+  if kind == 'adam':
+    return optax.chain(optax.add_decayed_weights(weight_decay), optax.adam(lr))
+  raise ValueError(f"config.optimizer: 'sgd' or 'adam', got {kind!r}")
+
+
+def train_step(tx: optax.GradientTransformation, params: Params, opt_state, xi, xj, similar, delta):
+  """One optimiser step on Eq. 2; returns (params, opt_state, loss). Jit with tx static (or closed over)."""
+  loss, grads = jax.value_and_grad(loss_fn)(params, xi, xj, similar, delta)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, loss
+
+
+# ------------------------------------------------------------------------------------------- warm-up data
+
+def random_pairs(key: jax.Array, n: int, dim: int, norm: float = 1.0) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """n random pairs (x, y) of `dim`-vectors of length `norm` whose cosine c ~ U(-1, 1); returns (x, y, c).
+
+  x is a random direction; y = c x + sqrt(1 - c^2) u with u a random unit vector orthogonal to x.
+  """
+  kx, ku, kc = jax.random.split(key, 3)
+  x = jax.random.normal(kx, (n, dim))
+  x = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+  u = jax.random.normal(ku, (n, dim))
+  u = u - jnp.sum(u * x, axis=-1, keepdims=True) * x
+  u = u / jnp.maximum(jnp.linalg.norm(u, axis=-1, keepdims=True), 1e-12)
+  c = jax.random.uniform(kc, (n,), minval=-1.0, maxval=1.0)
+  y = c[:, None] * x + jnp.sqrt(jnp.maximum(1.0 - c ** 2, 0.0))[:, None] * u
+  return norm * x, norm * y, c
+
+
+def regression_stats(pred: jax.Array, target: jax.Array) -> dict[str, jax.Array]:
+  """MSE and Pearson correlation rho between predictions and targets (Table 1's two columns)."""
+  pred, target = pred.astype(jnp.float32), target.astype(jnp.float32)
+  mse = jnp.mean((pred - target) ** 2)
+  pc, tc = pred - pred.mean(), target - target.mean()
+  rho = jnp.sum(pc * tc) / jnp.maximum(jnp.sqrt(jnp.sum(pc ** 2) * jnp.sum(tc ** 2)), 1e-12)
+  return {'mse': mse, 'rho': rho}
+
+
+# ------------------------------------------------------------------------------------- all-pairs scoring
+
+def split_first_layer(params: Params) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(W1a, W1b, b1): W1 = [W1a; W1b], so [x_i, x_j] W1 = x_i W1a + x_j W1b."""
+  first = params[layer_names(params)[0]]
+  k = first['w'].shape[0] // 2
+  return first['w'][:k], first['w'][k:], first['b']
+
+
+def _pad_rows(x: jax.Array, multiple: int) -> jax.Array:
+  pad = (-x.shape[0]) % multiple
+  return jnp.pad(x, ((0, pad), (0, 0))) if pad else x
+
+
+def _tile_scores(params: Params, qa: jax.Array, db_tile: jax.Array, w1b: jax.Array, dtype) -> jax.Array:
+  """Scores of query projections qa (q, H) (b1 included) against raw database vectors (d, K) -> (q, d)."""
+  db = db_tile.astype(dtype) @ w1b.astype(dtype)           # (d, H)
+  h = qa.astype(dtype)[:, None, :] + db[None, :, :]        # (q, d, H): never (q, d, 2K)
+  return _mlp_tail(params, h, dtype)
+
+
+def _tiles(q_tile: int, d_tile: int, n_q: int, n_d: int) -> tuple[int, int]:
+  return max(1, min(q_tile, n_q)), max(1, min(d_tile, n_d))
+
+
+@functools.partial(jax.jit, static_argnames=('q_tile', 'd_tile', 'compute_dtype'))
+def score_matrix(params: Params, queries: jax.Array, database: jax.Array, q_tile: int = 256,
+                 d_tile: int = 256, compute_dtype: str = 'float32') -> jax.Array:
+  """S[a, b] = g([queries[a], database[b]]) for every pair: (Q, K), (D, K) -> (Q, D) float32, tile by tile."""
+  dtype = jnp.dtype(compute_dtype)
+  n_q, n_d = queries.shape[0], database.shape[0]
+  q_tile, d_tile = _tiles(q_tile, d_tile, n_q, n_d)
+  w1a, w1b, b1 = split_first_layer(params)
+  qs = _pad_rows(queries, q_tile).reshape(-1, q_tile, queries.shape[1])
+  ds = _pad_rows(database, d_tile).reshape(-1, d_tile, database.shape[1])
+
+  def per_query_tile(q):
+    qa = q.astype(dtype) @ w1a.astype(dtype) + b1.astype(dtype)
+    return jax.lax.map(lambda d: _tile_scores(params, qa, d, w1b, dtype), ds)   # (nd, q, d)
+
+  out = jax.lax.map(per_query_tile, qs)                    # (nq, nd, q_tile, d_tile)
+  out = out.transpose(0, 2, 1, 3).reshape(qs.shape[0] * q_tile, ds.shape[0] * d_tile)
+  return out[:n_q, :n_d]
+
+
+@functools.partial(jax.jit, static_argnames=('k', 'q_tile', 'd_tile', 'compute_dtype'))
+def top_k(params: Params, queries: jax.Array, database: jax.Array, k: int, q_tile: int = 256,
+          d_tile: int = 256, compute_dtype: str = 'float32') -> tuple[jax.Array, jax.Array]:
+  """The k best database items per query by g([q, x]): (scores (Q, k) descending, indices (Q, k) int32).
+
+  Streams over database tiles keeping a running top-k (never the full (Q, D) matrix). Ties keep the lower
+  database index first. Requires k <= D.
+  """
+  dtype = jnp.dtype(compute_dtype)
+  n_q, n_d = queries.shape[0], database.shape[0]
+  if not 1 <= k <= n_d:
+    raise ValueError(f'top_k: k={k} must be in [1, {n_d}] (the database size)')
+  q_tile, d_tile = _tiles(q_tile, d_tile, n_q, n_d)
+  w1a, w1b, b1 = split_first_layer(params)
+  qs = _pad_rows(queries, q_tile).reshape(-1, q_tile, queries.shape[1])
+  ds = _pad_rows(database, d_tile).reshape(-1, d_tile, database.shape[1])
+  offsets = jnp.arange(ds.shape[0], dtype=jnp.int32) * d_tile
+
+  def per_query_tile(q):
+    qa = q.astype(dtype) @ w1a.astype(dtype) + b1.astype(dtype)
+
+    def step(carry, tile):
+      best_s, best_i = carry
+      d, off = tile
+      s = _tile_scores(params, qa, d, w1b, dtype)          # (q, d)
+      idx = off + jnp.arange(d_tile, dtype=jnp.int32)
+      s = jnp.where(idx[None, :] < n_d, s, -jnp.inf)        # padding never enters the top-k
+      cand_s = jnp.concatenate([best_s, s], axis=1)
+      cand_i = jnp.concatenate([best_i, jnp.broadcast_to(idx, s.shape)], axis=1)
+      top_s, pos = jax.lax.top_k(cand_s, k)                 # stable: earlier (lower index) candidates win ties
+      return (top_s, jnp.take_along_axis(cand_i, pos, axis=1)), None
+
+    init = (jnp.full((q_tile, k), -jnp.inf, jnp.float32), jnp.full((q_tile, k), -1, jnp.int32))
+    (best_s, best_i), _ = jax.lax.scan(step, init, (ds, offsets))
+    return best_s, best_i
+
+  s, i = jax.lax.map(per_query_tile, qs)
+  return s.reshape(-1, k)[:n_q], i.reshape(-1, k)[:n_q]
+
+
+@functools.partial(jax.jit, static_argnames=('q_tile', 'd_tile'))
+def score_matrix_naive(params: Params, queries: jax.Array, database: jax.Array, q_tile: int = 64,
+                       d_tile: int = 256) -> jax.Array:
+  """Reference: forms [x_i, x_j] for every pair of a tile and applies g (what one writes without the split)."""
+  n_q, n_d, kdim = queries.shape[0], database.shape[0], queries.shape[1]
+  q_tile, d_tile = _tiles(q_tile, d_tile, n_q, n_d)
+  qs = _pad_rows(queries, q_tile).reshape(-1, q_tile, kdim)
+  ds = _pad_rows(database, d_tile).reshape(-1, d_tile, kdim)
+
+  def tile(q, d):
+    xi = jnp.broadcast_to(q[:, None, :], (q_tile, d_tile, kdim)).reshape(-1, kdim)
+    xj = jnp.broadcast_to(d[None, :, :], (q_tile, d_tile, kdim)).reshape(-1, kdim)
+    return apply(params, xi, xj).reshape(q_tile, d_tile)
+
+  out = jax.lax.map(lambda q: jax.lax.map(lambda d: tile(q, d), ds), qs)
+  out = out.transpose(0, 2, 1, 3).reshape(qs.shape[0] * q_tile, ds.shape[0] * d_tile)
+  return out[:n_q, :n_d]
