@@ -1,0 +1,136 @@
+"""2AFC accuracy of any similarity (paper 004, Sec. 3 '2AFC' and Sec. 4.2 'CC testing').
+
+For a triple (R, A, B) and a similarity s, the model answers 'A is closer' when s(R, A) > s(R, B). A triple
+scores 1 when that answer matches the annotation, 0 when it does not, and 1/2 on an exact tie (neither
+answer given; a constant similarity scores 50 %, never 100 %).
+
+  accuracy          mean score over the T triples
+  per reference     mean score over the triples sharing a reference image (the paper's per-reference
+                    accuracy, the input of the credibility maps / MLP weights), with the triple counts
+  bootstrap CI      percentile interval of the accuracy over `n_boot` resamples. By default the
+                    *references* are resampled (a cluster bootstrap: the triples of one reference are not
+                    independent); unit='triplet' resamples triples.
+
+Similarities come from a feature table (N, D) indexed by the triples' (ref, a, b) rows: cosine on backbone
+features, cosine after any transform (e.g. the adaptation `lambda x: adapt(params, pca(x))`: a callable
+applied once per image, not per triple), or a pair scorer `score_fn(ref_feats, cand_feats) -> scores`
+(e.g. SimNet), called on batches of (ref, candidate) rows.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
+  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
+def score(s_ra: jax.Array, s_rb: jax.Array, a_closer: jax.Array) -> jax.Array:
+  """Per-triple 2AFC score in {0, 0.5, 1}: 1 if the similarity agrees with the annotation, 0.5 on a tie."""
+  pred = jnp.sign(s_ra - s_rb)                      # +1: A closer, -1: B closer, 0: tie
+  truth = jnp.where(a_closer, 1.0, -1.0)
+  return 0.5 * (1.0 + pred * truth)
+
+
+def votes(s_ra: jax.Array, s_rb: jax.Array) -> jax.Array:
+  """+1 when A is predicted closer, -1 for B, 0 on a tie (int8)."""
+  return jnp.sign(s_ra - s_rb).astype(jnp.int8)
+
+
+@jax.jit
+def cosine_pair_scores(feats: jax.Array, ref: jax.Array, a: jax.Array, b: jax.Array):
+  """(cos(R, A), cos(R, B)) for rows of a feature table (normalised once per image, then gathered)."""
+  f = normalize(feats.astype(jnp.float32))
+  r = f[ref]
+  return jnp.sum(r * f[a], -1), jnp.sum(r * f[b], -1)
+
+
+@jax.jit
+def cosine_scores(feats: jax.Array, ref: jax.Array, a: jax.Array, b: jax.Array, a_closer: jax.Array):
+  """Per-triple 2AFC scores of cosine similarity on a feature table: the jitted evaluation path."""
+  s_ra, s_rb = cosine_pair_scores(feats, ref, a, b)
+  return score(s_ra, s_rb, a_closer)
+
+
+def transformed_scores(transform: Callable[[jax.Array], jax.Array], feats, ref, a, b, a_closer):
+  """2AFC scores of cosine after `transform` (any pure function of a (N, D) batch, e.g. adapt(params, .))."""
+  return cosine_scores(jax.jit(transform)(jnp.asarray(feats)), ref, a, b, a_closer)
+
+
+def pair_fn_scores(score_fn: Callable[[jax.Array, jax.Array], jax.Array], feats, ref, a, b, a_closer,
+                   batch_size: int = 65536):
+  """2AFC scores of a pair scorer score_fn(ref_feats (n, D), cand_feats (n, D)) -> (n,) (higher = closer).
+
+  Evaluated in fixed-size batches (the last padded) so one compilation serves any T.
+  """
+  feats = jnp.asarray(feats)
+  ref, a, b = (np.asarray(x) for x in (ref, a, b))
+  fn = jax.jit(lambda r, c: score_fn(feats[r], feats[c]))
+  t = len(ref)
+  bs = max(1, min(batch_size, t))
+  s_ra, s_rb = np.empty(t, np.float32), np.empty(t, np.float32)
+  for i in range(0, t, bs):
+    sl = slice(i, min(i + bs, t))
+    pad = bs - (sl.stop - sl.start)
+    r = np.pad(ref[sl], (0, pad))
+    s_ra[sl] = np.asarray(fn(r, np.pad(a[sl], (0, pad))))[:bs - pad]
+    s_rb[sl] = np.asarray(fn(r, np.pad(b[sl], (0, pad))))[:bs - pad]
+  return score(jnp.asarray(s_ra), jnp.asarray(s_rb), jnp.asarray(a_closer))
+
+
+def group_ids(keys) -> tuple[np.ndarray, np.ndarray]:
+  """(unique keys in first-appearance order, (T,) int32 group index of each triple)."""
+  keys = np.asarray(keys)
+  uniq, first, inv = np.unique(keys, return_index=True, return_inverse=True)
+  order = np.argsort(first)
+  rank = np.empty_like(order)
+  rank[order] = np.arange(len(order))
+  return uniq[order], rank[inv.reshape(-1)].astype(np.int32)
+
+
+def per_group_mean(scores: jax.Array, groups: jax.Array, n_groups: int):
+  """(mean score per group (..., G), count per group (G,)); scores (..., T), groups (T,)."""
+  scores = jnp.asarray(scores, jnp.float32)
+  counts = jax.ops.segment_sum(jnp.ones(groups.shape, jnp.float32), groups, n_groups)
+  sums = jax.vmap(lambda s: jax.ops.segment_sum(s, groups, n_groups))(scores.reshape(-1, scores.shape[-1]))
+  sums = sums.reshape(scores.shape[:-1] + (n_groups,))
+  return sums / jnp.maximum(counts, 1.0), counts
+
+
+def bootstrap_ci(scores, groups=None, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0,
+                 unit: str = 'reference') -> tuple[float, float]:
+  """Percentile (1 - alpha) interval of the mean score. unit='reference' resamples groups (needs groups)."""
+  scores = jnp.asarray(scores, jnp.float32)
+  key = jax.random.PRNGKey(seed)
+  if unit == 'triplet' or groups is None:
+    t = scores.shape[0]
+    boot = jax.vmap(lambda k: scores[jax.random.randint(k, (t,), 0, t)].mean())(jax.random.split(key, n_boot))
+  elif unit == 'reference':
+    groups = jnp.asarray(groups)
+    g = int(groups.max()) + 1
+    sums = jax.ops.segment_sum(scores, groups, g)
+    counts = jax.ops.segment_sum(jnp.ones_like(scores), groups, g)
+
+    def one(k):
+      w = jnp.bincount(jax.random.randint(k, (g,), 0, g), length=g).astype(jnp.float32)  # multiplicities
+      return (w * sums).sum() / jnp.maximum((w * counts).sum(), 1.0)
+    boot = jax.vmap(one)(jax.random.split(key, n_boot))
+  else:
+    raise ValueError(f"bootstrap unit must be 'reference' or 'triplet', got {unit!r}")
+  lo, hi = jnp.quantile(boot, jnp.asarray([alpha / 2, 1 - alpha / 2]))
+  return float(lo), float(hi)
+
+
+def summary(scores, refs, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0) -> dict:
+  """{accuracy, n_triplets, n_references, per_reference_mean, ci_low, ci_high, ci_unit} of per-triple scores."""
+  scores = np.asarray(scores, np.float32)
+  uniq, groups = group_ids(refs)
+  per_ref, _ = per_group_mean(scores, jnp.asarray(groups), len(uniq))
+  lo, hi = bootstrap_ci(scores, groups, n_boot, alpha, seed) if n_boot > 0 else (float('nan'),) * 2
+  return {'accuracy': float(scores.mean()), 'n_triplets': int(scores.size), 'n_references': int(len(uniq)),
+          'per_reference_mean': float(np.asarray(per_ref).mean()), 'ci_low': lo, 'ci_high': hi,
+          'ci': f'{100 * (1 - alpha):g}% percentile bootstrap over references ({n_boot} resamples)'}
