@@ -123,7 +123,8 @@ def file_list_hash(paths: Sequence[str]) -> str:
 
 def manifest_for(backbone: Backbone, paths: Sequence[str], layers: Sequence[str], dtype: str,
                  flip: bool = False) -> dict:
-  return {
+  """What the cached features depend on (JSON-normalised, so it compares equal to its stored copy)."""
+  return json.loads(json.dumps({
       'version': CACHE_VERSION,
       'backbone': backbone.name,
       'weights_sha256': backbone.weights_id,
@@ -134,7 +135,7 @@ def manifest_for(backbone: Backbone, paths: Sequence[str], layers: Sequence[str]
       'flip': bool(flip),
       'num_images': len(paths),
       'file_list_sha256': file_list_hash(paths),
-  }
+  }))
 
 
 def cache_path(cache_dir: str, tag: str, manifest: dict) -> str:

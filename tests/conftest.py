@@ -1,0 +1,28 @@
+"""Shared fixtures. Tests run on CPU; heavy objects (the pretrained backbone, the demo set) are built once."""
+import os
+
+import pytest
+
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+SHARED_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), '..', 'shared', 'data')
+
+
+def shared_data(*parts):
+  """Path under ../shared/data beside the checkout; skips the test if that folder is absent."""
+  path = os.path.normpath(os.path.join(SHARED_DATA, *parts))
+  if not os.path.exists(path):
+    pytest.skip(f'{path} not found: ../shared/data must sit beside the checkout for this test')
+  return path
+
+
+@pytest.fixture(scope='session')
+def lite0():
+  from visim_jax.backbones import get_backbone
+  return get_backbone('efficientnet_lite0')
+
+
+@pytest.fixture(scope='session')
+def demo_root(tmp_path_factory):
+  from visim_jax.data import demo
+  return demo.demo_pairs(str(tmp_path_factory.mktemp('demo')), n_pairs=192, seed=0)

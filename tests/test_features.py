@@ -1,0 +1,103 @@
+"""Pooled multi-layer features and the feature cache."""
+import glob
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+
+from visim_jax import features
+from visim_jax.backbones import get_backbone
+
+
+def test_pool_lengths_and_per_layer_unit_norm():
+  rng = np.random.RandomState(0)
+  stages = {'a': jnp.asarray(rng.randn(2, 5, 5, 3)), 'b': jnp.asarray(rng.randn(2, 7, 4)),
+            'c': jnp.asarray(rng.randn(2, 6))}
+  v = np.asarray(features.pool(stages, ['a', 'b', 'c']))
+  assert v.shape == (2, 3 + 4 + 6)
+  for lo, hi in ((0, 3), (3, 7), (7, 13)):
+    np.testing.assert_allclose(np.linalg.norm(v[:, lo:hi], axis=1), 1.0, rtol=1e-5)
+  # the spatial mean, then L2
+  m = np.asarray(stages['a']).mean(axis=(1, 2))
+  np.testing.assert_allclose(v[:, :3], m / np.linalg.norm(m, axis=1, keepdims=True), rtol=1e-5)
+  with pytest.raises(ValueError, match='config.layers'):
+    features.pool(stages, ['zzz'])
+
+
+def _images(folder, n=5, seed=0):
+  rng = np.random.RandomState(seed)
+  os.makedirs(folder, exist_ok=True)
+  paths = []
+  for i in range(n):
+    p = os.path.join(folder, f'{i}.png')
+    Image.fromarray(rng.randint(0, 255, (40, 50, 3), np.uint8)).save(p)
+    paths.append(p)
+  return paths
+
+
+@pytest.fixture(scope='module')
+def tiny():
+  return get_backbone('efficientnet_lite0', random_init=0)
+
+
+def test_extract_dims_match_layers(lite0, demo_root):
+  paths = sorted(glob.glob(os.path.join(demo_root, 'left', '*.png')))[:3]
+  f = features.extract(lite0, paths, batch_size=2, progress=False)
+  assert f.shape == (3, 24 + 40 + 112 + 320 + 1280)
+  np.testing.assert_allclose(np.linalg.norm(f, axis=1), np.sqrt(len(lite0.layers)), rtol=1e-4)
+  # batch padding does not change the result
+  np.testing.assert_allclose(features.extract(lite0, paths, batch_size=3, progress=False), f, atol=1e-5)
+
+
+def test_cache_reused_and_invalidated(tmp_path, tiny, monkeypatch):
+  paths = _images(str(tmp_path / 'img'))
+  cache = str(tmp_path / 'cache')
+  calls = []
+  real = features.extract
+  monkeypatch.setattr(features, 'extract', lambda *a, **k: calls.append(1) or real(*a, **k))
+  kw = dict(cache_dir=cache, batch_size=4, progress=False, tag='t')
+  f1 = features.cached_features(tiny, paths, **kw)
+  f2 = features.cached_features(tiny, paths, **kw)
+  assert len(calls) == 1 and np.array_equal(f1, f2)
+  features.cached_features(tiny, paths, layers=('block7', 'head'), **kw)   # other layers
+  assert len(calls) == 2
+  features.cached_features(tiny, paths, flip=True, **kw)                   # other preprocessing
+  assert len(calls) == 3
+  os.utime(paths[0], ns=(1, 1))                                            # an image changed on disk
+  features.cached_features(tiny, paths, **kw)
+  assert len(calls) == 4
+  features.cached_features(tiny, paths, **kw)
+  assert len(calls) == 4
+
+
+def test_corrupt_cache_is_rebuilt(tmp_path, tiny):
+  paths = _images(str(tmp_path / 'img'))
+  cache = str(tmp_path / 'cache')
+  f1 = features.cached_features(tiny, paths, cache_dir=cache, batch_size=8, progress=False)
+  (npz,) = glob.glob(os.path.join(cache, '*.npz'))
+  data = open(npz, 'rb').read()
+  open(npz, 'wb').write(data[:len(data) // 2])  # truncated
+  assert features.read_cache(npz) is None
+  f2 = features.cached_features(tiny, paths, cache_dir=cache, batch_size=8, progress=False)
+  np.testing.assert_allclose(f1, f2, atol=1e-6)
+  assert features.read_cache(npz) is not None
+
+
+def test_bad_image_leaves_no_cache(tmp_path, tiny):
+  paths = _images(str(tmp_path / 'img'))
+  bad = tmp_path / 'img' / 'bad.png'
+  bad.write_bytes(b'\x89PNG\r\n\x1a\n' + b'garbage' * 10)
+  cache = tmp_path / 'cache'
+  with pytest.raises(ValueError, match='bad.png'):
+    features.cached_features(tiny, paths + [str(bad)], cache_dir=str(cache), batch_size=2, progress=False)
+  assert not cache.exists() or not os.listdir(cache)
+
+
+def test_bfloat16_features_close(tmp_path, lite0):
+  paths = _images(str(tmp_path / 'img'), n=2)
+  f32 = features.extract(lite0, paths, progress=False, batch_size=2)
+  bf16 = features.extract(lite0, paths, progress=False, batch_size=2, dtype='bfloat16')
+  cos = (f32 * bf16).sum(1) / np.linalg.norm(f32, axis=1) / np.linalg.norm(bf16, axis=1)
+  assert (cos > 0.99).all()
