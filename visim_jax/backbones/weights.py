@@ -1,0 +1,89 @@
+"""Where backbone weights come from, offline first.
+
+Order of look-up for a backbone NAME with a hub id:
+1. `weights=` given: a local folder (transformers `save_pretrained` layout: config.json + flax_model.msgpack or
+   model.safetensors) or file (a converted CLIP ResNet .safetensors/.npz); a path that does not exist fails here.
+   A `weights=` value that is not a path (no '/' at the start, no existing file) is taken as a hub id.
+2. The local weights folder `$VISIM_JAX_WEIGHTS/NAME` (default `~/.cache/visim_jax/weights/NAME`), if it exists.
+3. The Hugging Face cache (`local_files_only=True`, no network).
+4. The hub, only when the network is allowed (HF_HUB_OFFLINE unset); any failure ends in one error that names the
+   folder to put the weights in.
+
+Pickled PyTorch weights (`pytorch_model.bin`) are never read at run time: re-save them as safetensors once.
+"""
+from __future__ import annotations
+
+import os
+
+HF_FILES = ('config.json', 'flax_model.msgpack', 'model.safetensors')
+
+
+def weights_dir() -> str:
+  """The folder that holds one sub-folder (or file) of weights per backbone name."""
+  return os.path.expanduser(os.environ.get('VISIM_JAX_WEIGHTS', os.path.join('~', '.cache', 'visim_jax', 'weights')))
+
+
+def default_location(name: str) -> str:
+  return os.path.join(weights_dir(), name)
+
+
+def network_allowed() -> bool:
+  env = os.environ.get('HF_HUB_OFFLINE', '') or os.environ.get('TRANSFORMERS_OFFLINE', '')
+  return env.strip().lower() not in ('1', 'true', 'yes', 'on')
+
+
+def _looks_like_path(s: str) -> bool:
+  return os.path.isabs(s) or s.startswith(('.', '~')) or os.path.exists(s) or s.count('/') > 1
+
+
+def hf_weight_file(folder: str, name: str) -> str:
+  """The weight file of a save_pretrained folder: flax_model.msgpack, else model.safetensors; refuses pickles."""
+  if not os.path.isfile(os.path.join(folder, 'config.json')):
+    raise FileNotFoundError(f'{name}: weights={folder}: no config.json (expected a save_pretrained folder)')
+  for f in ('flax_model.msgpack', 'model.safetensors'):
+    path = os.path.join(folder, f)
+    if os.path.isfile(path):
+      return path
+  if any(os.path.isfile(os.path.join(folder, f)) for f in ('pytorch_model.bin', 'pytorch_model.bin.index.json')):
+    raise ValueError(
+        f'{name}: weights={folder} holds only pickled PyTorch weights (pytorch_model.bin), which are never '
+        'unpickled at run time. Re-save them once as safetensors (needs torch): '
+        f'`AutoModel.from_pretrained("{folder}").save_pretrained("{folder}", safe_serialization=True)`')
+  raise FileNotFoundError(f'{name}: weights={folder}: neither flax_model.msgpack nor model.safetensors found')
+
+
+def resolve_hf_folder(name: str, hub_id: str, weights: str | None) -> str:
+  """A local save_pretrained folder holding NAME's weights (see the module docstring for the order)."""
+  if weights is not None:
+    weights = os.fspath(weights)
+    if _looks_like_path(weights):
+      path = os.path.expanduser(weights)
+      if not os.path.isdir(path):
+        raise FileNotFoundError(f'{name}: weights={weights}: no such folder')
+      hf_weight_file(path, name)
+      return path
+    hub_id = weights
+  local = default_location(name)
+  if os.path.isdir(local):
+    hf_weight_file(local, name)
+    return local
+  from huggingface_hub import snapshot_download  # pylint: disable=g-import-not-at-top
+  errors = []
+  for local_only in (True, False):
+    if not local_only and not network_allowed():
+      errors.append('network not tried (HF_HUB_OFFLINE is set)')
+      break
+    for files in (['config.json', 'flax_model.msgpack'], ['config.json', 'model.safetensors']):
+      try:
+        folder = snapshot_download(hub_id, allow_patterns=files, local_files_only=local_only)
+      except Exception as e:  # pylint: disable=broad-except
+        errors.append(f'{"cache" if local_only else "hub"}: {type(e).__name__}: {str(e).splitlines()[0][:200]}')
+        continue
+      if all(os.path.isfile(os.path.join(folder, f)) for f in files):
+        return folder
+  raise FileNotFoundError(
+      f'{name}: no weights found for {hub_id!r} offline. Put a save_pretrained folder (config.json + '
+      f'flax_model.msgpack or model.safetensors) at {local} (or set VISIM_JAX_WEIGHTS), or pass weights=/path/to/folder, '
+      f'or download once where the network is allowed: `huggingface-cli download {hub_id} config.json '
+      f'model.safetensors --local-dir {local}`. For tests use tiny=True or random_init=SEED. '
+      f'(tried: {"; ".join(errors)})')
