@@ -147,33 +147,35 @@ def train_all(hp: train.Hparams, feats: train.Features, ckpt_dir: str | None, ch
   train_idx, test_idx = train.splits(hp, n)
   feats_j = train.Features(*(None if a is None else jnp.asarray(a) for a in feats))
 
-  mngr = None
-  start, saved = 0, None
+  n_test = test_idx.shape[1]
+  state = train.init_state(hp)
+  loss = np.zeros((hp.runs, hp.epochs), np.float32)
+  ranks = np.zeros((hp.runs, hp.epochs, n_test), np.int32)
+  fit = jax.jit(train.fit_pcas, static_argnums=0)
+
+  def saved_tree(state, pcas):
+    return {'state': jax.tree.map(np.asarray, state), 'pca': dict(pcas._asdict()), 'loss': loss, 'ranks': ranks}
+
+  mngr, start, pcas = None, 0, None
   if ckpt_dir:
     mngr = ocp.CheckpointManager(os.path.abspath(ckpt_dir), options=ocp.CheckpointManagerOptions(max_to_keep=2))
     if mngr.latest_step() is not None:
       start = int(mngr.latest_step())
-      saved = mngr.restore(start)
+      template = saved_tree(state, train.pca_lib.PCA(*jax.eval_shape(fit, hp, feats_j, train_idx)))
+      abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), template)
+      saved = mngr.restore(start, args=ocp.args.StandardRestore(abstract))
       logging.info('resuming from %s at epoch %d', ckpt_dir, start)
-
-  if saved is not None:
-    pcas = jax.tree.map(jnp.asarray, train.pca_lib.PCA(**saved['pca']))
-  else:
-    pcas = jax.jit(train.fit_pcas, static_argnums=0)(hp, feats_j, train_idx)
+      state = jax.tree.map(jnp.asarray, saved['state'])
+      pcas = train.pca_lib.PCA(**{k: jnp.asarray(v) for k, v in saved['pca'].items()})
+      loss[:, :start] = np.asarray(saved['loss'])[:, :start]
+      ranks[:, :start] = np.asarray(saved['ranks'])[:, :start]
+  if pcas is None:
+    pcas = fit(hp, feats_j, train_idx)
   data = jax.jit(train.project)(feats_j, pcas, train_idx, test_idx)
   base = jax.jit(train.baselines)(feats_j, data, test_idx)
   both = jnp.concatenate([feats_j.left, feats_j.right])
   masks = jax.vmap(lambda tr: jnp.zeros((n,), bool).at[tr].set(True))(train_idx)
   evr = jax.vmap(lambda p, m: train.pca_lib.explained_variance_ratio(p, both, jnp.concatenate([m, m])))(pcas, masks)
-
-  n_test = test_idx.shape[1]
-  state = train.init_state(hp)
-  loss = np.zeros((hp.runs, hp.epochs), np.float32)
-  ranks = np.zeros((hp.runs, hp.epochs, n_test), np.int32)
-  if saved is not None:
-    state = jax.tree.map(jnp.asarray, jax.tree.unflatten(jax.tree.structure(state), jax.tree.leaves(saved['state'])))
-    loss[:, :start] = saved['loss'][:, :start]
-    ranks[:, :start] = saved['ranks'][:, :start]
 
   chunk = jax.jit(train.train_chunk, static_argnums=(0, 3))
   bar = tqdm(total=hp.epochs, initial=start, desc=f'train {hp.runs} runs', unit='epoch', disable=not progress)
@@ -190,9 +192,7 @@ def train_all(hp: train.Hparams, feats: train.Features, ckpt_dir: str | None, ch
     bar.update(e)
     bar.set_postfix(loss=f'{l[:, -1].mean():.4f}')
     if mngr is not None and report.is_writer():
-      mngr.save(epoch, args=ocp.args.StandardSave({
-          'state': jax.tree.map(np.asarray, state), 'pca': pcas._asdict(), 'epoch': epoch,
-          'loss': loss, 'ranks': ranks}))
+      mngr.save(epoch, args=ocp.args.StandardSave(saved_tree(state, pcas)))
       mngr.wait_until_finished()
     if stop_after_epoch is not None and epoch >= stop_after_epoch and epoch < hp.epochs:
       bar.close()

@@ -1,0 +1,142 @@
+"""The adaptation experiment: vmapped runs = runs one by one, resume = no kill, end to end, bad input."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from visim_jax import adaptation, pca, train
+from visim_jax.experiments import adapt
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'configs'))
+import demo as demo_config  # noqa: E402
+import tll as tll_config  # noqa: E402
+
+
+def synthetic(n=60, d=24, seed=0, flip=True):
+  """Pairs whose partner is a noisy, partly re-mixed copy: adaptation has something to learn."""
+  rng = np.random.RandomState(seed)
+  z = rng.randn(n, d).astype(np.float32)
+  mix = np.eye(d, dtype=np.float32) + 0.8 * rng.randn(d, d).astype(np.float32)
+  left = z + 0.3 * rng.randn(n, d).astype(np.float32)
+  right = z @ mix + 0.3 * rng.randn(n, d).astype(np.float32)
+  out = dict(left=left, right=right, names=np.array([f'{i:04d}.jpg' for i in range(n)]))
+  if flip:
+    out.update(left_flip=left + 0.05 * rng.randn(n, d).astype(np.float32),
+               right_flip=right + 0.05 * rng.randn(n, d).astype(np.float32))
+  return out
+
+
+def features_config(path, **kw):
+  c = tll_config.get_config()
+  c.dataset, c.features = 'features', str(path)
+  c.runs, c.epochs, c.pca_dim, c.adapt_dim, c.ks, c.checkpoint_every = 3, 12, 8, 32, (1, 5), 4
+  c.plots = False
+  for k, v in kw.items():
+    setattr(c, k, v)
+  return c
+
+
+def test_vmapped_runs_equal_runs_one_by_one():
+  d = synthetic()
+  feats = train.Features(*(jnp.asarray(d[k]) for k in ('left', 'right', 'left_flip', 'right_flip')))
+  hp = train.Hparams(runs=3, pca_dim=8, adapt_dim=32, epochs=7, sigma=15.0, lr=1e-2, seed=3)
+  out = adapt.train_all(hp, feats, None, checkpoint_every=3, progress=False)
+  n = d['left'].shape[0]
+  for r in range(hp.runs):
+    key = jax.random.fold_in(jax.random.PRNGKey(hp.seed), r)
+    perm = np.asarray(jax.random.permutation(jax.random.fold_in(key, 0), n))
+    tr, te = perm[:hp.n_train(n)], perm[hp.n_train(n):]
+    p = pca.fit(np.concatenate([d['left'][tr], d['right'][tr]]), hp.pca_dim)
+    t = lambda x: pca.transform(p, x)
+    views = [(t(d['left'][tr]), t(d['right'][tr])), (t(d['left_flip'][tr]), t(d['right_flip'][tr]))]
+    params = adaptation.init(jax.random.fold_in(key, 1), hp.pca_dim, hp.adapt_dim)
+    opt = optax.adam(hp.lr)
+    st = opt.init(params)
+    for _ in range(hp.epochs):
+      loss_fn = lambda w: sum(adaptation.loss_fn(w, a, b, hp.sigma) for a, b in views) / 2
+      g = jax.grad(loss_fn)(params)
+      upd, st = opt.update(g, st, params)
+      params = optax.apply_updates(params, upd)
+    np.testing.assert_allclose(out['params']['w'][r], params['w'], atol=2e-5)
+    np.testing.assert_array_equal(out['test_idx'][r], te)
+    ranks = np.asarray(train.best_ranks(adaptation.adapt(params, t(d['left'][te])),
+                                        adaptation.adapt(params, t(d['right'][te]))))
+    np.testing.assert_array_equal(out['ranks'][r, -1], ranks)
+
+
+def test_resume_after_kill_equals_no_kill(tmp_path):
+  np.savez(tmp_path / 'f.npz', **synthetic())
+  full = adapt.run(features_config(tmp_path / 'f.npz'), str(tmp_path / 'full'), progress=False)
+  with pytest.raises(KeyboardInterrupt):
+    adapt.run(features_config(tmp_path / 'f.npz', debug_stop_after_epoch=5), str(tmp_path / 'killed'),
+              progress=False)
+  assert not os.path.exists(tmp_path / 'killed' / 'metrics.json')
+  assert sorted(os.listdir(tmp_path / 'killed' / 'checkpoints')) == ['4', '8']
+  resumed = adapt.run(features_config(tmp_path / 'f.npz'), str(tmp_path / 'killed'), progress=False)
+  assert resumed['results'] == full['results']
+  assert resumed['chosen_epoch'] == full['chosen_epoch']
+  # a different config refuses to resume from these checkpoints
+  with pytest.raises(ValueError, match='checkpoints of a different config'):
+    adapt.run(features_config(tmp_path / 'f.npz', sigma=1.0), str(tmp_path / 'killed'), progress=False)
+
+
+def test_pca_fit_all_and_no_flip(tmp_path):
+  np.savez(tmp_path / 'f.npz', **synthetic(flip=False))
+  m = adapt.run(features_config(tmp_path / 'f.npz', flip=False, pca_fit='all', checkpoint=False, runs=2),
+                str(tmp_path / 'w'), progress=False)
+  assert m['pca']['fit'] == 'all' and not m['flip_augmentation']
+  assert 'test included' in m['pca']['fit_description']
+
+
+def test_demo_end_to_end_adapted_beats_raw(tmp_path, demo_root):
+  c = demo_config.get_config()
+  c.demo.root = os.path.dirname(demo_root)
+  c.cache_dir = str(tmp_path / 'cache')
+  c.flip, c.runs, c.epochs, c.checkpoint_every = False, 5, 60, 30
+  wd = str(tmp_path / 'wd')
+  m = adapt.run(c, wd, progress=False)
+  for name in ('metrics.json', 'config.json', 'curves.npz', 'plots/recall_at_k.png',
+               'plots/training_curves.png', 'plots/retrieval_sheet.png'):
+    assert os.path.exists(os.path.join(wd, name)), name
+  assert os.listdir(os.path.join(wd, 'tensorboard'))
+  on_disk = json.load(open(os.path.join(wd, 'metrics.json')))
+  r = on_disk['results']['aR@1']
+  assert len(r['raw']['runs']) == 5 and on_disk['n_test'] == 48
+  assert r['adapted_last_epoch']['mean'] > r['raw']['mean']
+  assert r['adapted_chosen_epoch']['mean'] >= r['adapted_last_epoch']['mean']
+
+
+def test_bad_input_fails_before_writing(tmp_path):
+  wd = tmp_path / 'wd'
+  bad = synthetic()
+  bad['right'][3, 2] = np.inf
+  np.savez(tmp_path / 'inf.npz', **bad)
+  with pytest.raises(ValueError, match='inf.npz: right features have NaN/Inf'):
+    adapt.run(features_config(tmp_path / 'inf.npz'), str(wd), progress=False)
+  np.savez(tmp_path / 'small.npz', **synthetic(n=20))
+  with pytest.raises(ValueError, match='config.ks: the test split has 5 pairs'):
+    adapt.run(features_config(tmp_path / 'small.npz', ks=(1, 20)), str(wd), progress=False)
+  np.savez(tmp_path / 'noflip.npz', **synthetic(flip=False))
+  with pytest.raises(KeyError, match='left_flip'):
+    adapt.run(features_config(tmp_path / 'noflip.npz'), str(wd), progress=False)
+  with pytest.raises(ValueError, match='config.data_dir'):
+    c = tll_config.get_config()
+    adapt.run(c, str(wd), progress=False)
+  with pytest.raises(ValueError, match='config.sigma'):
+    adapt.run(features_config(tmp_path / 'small.npz', sigma=-1.0), str(wd), progress=False)
+  assert not wd.exists()
+
+
+def test_unknown_config_key_is_refused():
+  r = subprocess.run([sys.executable, '-m', 'visim_jax.main', '--config=configs/demo.py', '--workdir=/nonexistent',
+                      '--config.sigmaa=3'], cwd=ROOT, capture_output=True, text=True,
+                     env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  assert r.returncode != 0 and 'sigmaa' in r.stderr
+  assert not os.path.exists('/nonexistent')
