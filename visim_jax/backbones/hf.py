@@ -229,33 +229,9 @@ def _parse_layers(layers) -> tuple[str, ...] | None:
   return tuple(layers)
 
 
-def random_variables(init_fn, seed: int) -> dict:
-  """Random weights for the variable tree `init_fn(key)` would build, without compiling the init.
-
-  Shapes come from `jax.eval_shape`; kernels ~ N(0, 1/fan_in), embeddings ~ N(0, 0.02^2), biases ~ N(0, 0.02^2),
-  norm scales 1, BatchNorm statistics (mean 0, var 1). Good for tests and timing, not for features.
-  """
-  from flax.traverse_util import flatten_dict, unflatten_dict  # pylint: disable=g-import-not-at-top
-  shapes = flatten_dict(jax.tree.map(lambda a: a, dict(jax.eval_shape(init_fn, jax.random.PRNGKey(0)))))
-  rng = np.random.default_rng(seed)
-  out = {}
-  for path, sd in sorted(shapes.items()):
-    leaf, shape = path[-1], sd.shape
-    if path[0] == 'batch_stats':
-      value = np.zeros(shape) if leaf == 'mean' else np.ones(shape)
-    elif leaf == 'scale':
-      value = np.ones(shape)
-    elif leaf == 'kernel':
-      value = rng.normal(0.0, 1.0 / np.sqrt(max(1, int(np.prod(shape[:-1])))), shape)
-    else:  # biases, embeddings, class tokens, layer-scale
-      value = (np.ones(shape) if leaf == 'lambda1' else rng.normal(0.0, 0.02, shape))
-    out[path] = value.astype(sd.dtype)
-  return unflatten_dict(out)
-
-
 def _random_variables(module, size: int, seed: int):
   x = jnp.zeros((1, size, size, 3), jnp.float32)
-  return random_variables(lambda key: module.init({'params': key}, x, deterministic=True), seed)
+  return weights_lib.random_variables(lambda key: module.init({'params': key}, x, deterministic=True), seed)
 
 
 def _check_arch(name: str, folder: str, want: dict, config) -> None:

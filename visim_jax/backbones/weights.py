@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import os
 
+import jax
+import numpy as np
+
 HF_FILES = ('config.json', 'flax_model.msgpack', 'model.safetensors')
 
 
@@ -87,3 +90,27 @@ def resolve_hf_folder(name: str, hub_id: str, weights: str | None) -> str:
       f'or download once where the network is allowed: `huggingface-cli download {hub_id} config.json '
       f'model.safetensors --local-dir {local}`. For tests use tiny=True or random_init=SEED. '
       f'(tried: {"; ".join(errors)})')
+
+
+def random_variables(init_fn, seed: int) -> dict:
+  """Random weights for the variable tree `init_fn(key)` would build, without compiling the init.
+
+  Shapes come from `jax.eval_shape`; kernels ~ N(0, 1/fan_in), embeddings ~ N(0, 0.02^2), biases ~ N(0, 0.02^2),
+  norm scales 1, BatchNorm statistics (mean 0, var 1). Good for tests and timing, not for features.
+  """
+  from flax.traverse_util import flatten_dict, unflatten_dict  # pylint: disable=g-import-not-at-top
+  shapes = flatten_dict(jax.tree.map(lambda a: a, dict(jax.eval_shape(init_fn, jax.random.PRNGKey(0)))))
+  rng = np.random.default_rng(seed)
+  out = {}
+  for path, sd in sorted(shapes.items()):
+    leaf, shape = path[-1], sd.shape
+    if path[0] == 'batch_stats':
+      value = np.zeros(shape, np.float32) if leaf == 'mean' else np.ones(shape, np.float32)
+    elif leaf in ('scale', 'lambda1'):
+      value = np.ones(shape, np.float32)
+    else:  # kernels N(0, 1/fan_in); biases, embeddings, class tokens N(0, 0.02^2)
+      std = 1.0 / np.sqrt(max(1, int(np.prod(shape[:-1])))) if leaf == 'kernel' else 0.02
+      value = rng.standard_normal(shape, dtype=np.float32)
+      value *= np.float32(std)
+    out[path] = value.astype(sd.dtype, copy=False)
+  return unflatten_dict(out)
