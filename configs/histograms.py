@@ -1,0 +1,70 @@
+r"""Histogram metrics of a representation (paper 003: Wu et al., "Beyond Accuracy"): overlap, aSTD, kNN.
+
+  python -m visim_jax.main --config=configs/histograms.py --workdir=workdirs/histograms
+  python -m visim_jax.main --config=configs/histograms.py:local --workdir=/tmp/hist_local
+
+The default runs offline: the embedded demo set's classes (both sides of each pair are samples of its source
+photo), EfficientNet-Lite0 features from the feature cache, and a small built-in class tree. Other sources:
+
+  # one sub-folder per class
+  ... --config.dataset=folder --config.data_dir=/path/to/images --config.class_tree=''
+  # a prepared TFDS dataset (tfds.data_source), e.g. ImageNet with the WordNet tree (parent child lines)
+  ... --config.dataset=tfds --config.tfds.name=imagenet2012 --config.tfds.split=validation \
+      --config.class_tree=/path/to/wordnet.is_a.txt --config.backbone=dinov2_s14
+  # precomputed features: an .npz with features (N, D), labels (N,), optional class_names
+  ... --config.dataset=features --config.features=feats.npz --config.class_tree=''
+
+Documentation: docs/histograms.md. `:local` is a smaller, faster mode (fewer demo pairs and random pairs).
+"""
+import ml_collections
+
+
+def get_config(arg=None):
+  c = ml_collections.ConfigDict()
+  c.experiment = 'histograms'
+  c.dataset = 'demo'           # 'demo' | 'folder' | 'tfds' | 'features'
+  c.data_dir = ''              # dataset=folder: root/<class>/<images>
+  c.features = ''              # dataset=features: .npz with features, labels[, class_names]
+  c.tfds = ml_collections.ConfigDict({'name': '', 'split': 'validation', 'data_dir': '', 'image_key': 'image',
+                                      'label_key': 'label', 'max_examples': 0})  # 0 = the whole split
+  c.demo = ml_collections.ConfigDict({'root': '', 'n_pairs': 192, 'seed': 0})
+
+  # features (image sources)
+  c.backbone = 'efficientnet_lite0'
+  c.backbone_kwargs = ml_collections.ConfigDict({'weights': '', 'random_init': -1, 'tiny': False})
+  c.layers = ''                # comma-separated stage names; '' = the backbone's default pooled layers
+  c.image_batch_size = 32
+  c.dtype = 'float32'          # backbone compute dtype: 'float32' | 'bfloat16'
+  c.cache_dir = ''             # '' = ~/.cache/visim_jax/features
+
+  # method (paper Sec. 3, 9.1)
+  c.normalization = 'target'   # 'none' | 'target' (this set's mean/std, the paper's default) | 'source'
+  c.source_stats = ''          # normalization=source: .npz with `mean` and `std` (D,)
+  c.bins = 100
+  c.pairs = ml_collections.ConfigDict({
+      'mode': 'auto',          # 'auto' (every pair when a kind has <= exhaustive_max pairs) | 'random' | 'exhaustive'
+      'n_intra': 10_000,       # random intra pairs per class
+      'n_inter': 10_000,       # random inter pairs per class
+      'exhaustive_max': 2_000_000,
+      'chunk_elems': 1 << 24,  # floats gathered per side per round (memory bound)
+  })
+  c.knn = ml_collections.ConfigDict({'k': 10, 'queries': 10_000})  # k=0: no kNN; queries=0: every sample
+  c.seed = 0
+  c.shard = True               # shard the sample axis over all devices when there are several
+
+  # hierarchy (paper Sec. 4): '' = none, 'demo' = the built-in tree of the demo set, or a parent->children file
+  c.class_tree = 'demo'
+  c.tree_min_children = 2
+
+  # outputs
+  c.plots = True
+  c.plot_classes = ''          # comma-separated class names for the Fig. 1 plot; '' = lowest/median/highest overlap
+
+  if arg == 'local':
+    c.demo.n_pairs = 96
+    c.pairs.n_intra = c.pairs.n_inter = 2_000
+    c.pairs.exhaustive_max = 20_000
+    c.knn.queries = 0
+  elif arg:
+    raise ValueError(f'configs/histograms.py: unknown argument {arg!r} (known: local)')
+  return c

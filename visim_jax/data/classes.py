@@ -1,0 +1,171 @@
+"""Labelled image sets for class-based evaluations (histogram metrics, paper 003): where samples and labels come from.
+
+Sources:
+  image_folder(root)      one sub-folder per class (root/<class>/<image>); classes sorted by folder name.
+  demo_labelled(...)      the embedded offline demo set (visim_jax.data.demo): both sides of each pair are
+                          samples of its source photo (18 classes).
+  tfds_source(name, ...)  a TFDS dataset read with tfds.data_source (random access, NumPy, no TensorFlow);
+                          tfds_batches() decodes and resizes its images for a backbone.
+  load_feature_file(path) precomputed features: an .npz with `features` (N, D), `labels` (N,) ints and,
+                          optionally, `class_names` (C,) strings.
+  read_class_tree(path)   a class hierarchy as a parent -> children text file (e.g. WordNet ids for ImageNet).
+
+Every error names the file or folder (and the line for text files).
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterator, NamedTuple, Sequence
+
+import numpy as np
+from PIL import Image
+
+from visim_jax.data import images as images_lib
+
+
+class LabelledImages(NamedTuple):
+  paths: list[str]         # image files, grouped by class
+  labels: np.ndarray       # (N,) int64 in [0, len(class_names))
+  class_names: list[str]
+  empty_classes: list[str]  # class folders without any image (kept as classes with 0 samples)
+
+
+def image_folder(root: str, extensions: Sequence[str] = images_lib.IMAGE_EXTENSIONS) -> LabelledImages:
+  """root/<class>/<image files>: one sub-folder per class (hidden folders and loose files ignored)."""
+  if not os.path.isdir(root):
+    raise FileNotFoundError(f'{root}: image folder not found (expected one sub-folder per class)')
+  classes = sorted(d for d in os.listdir(root) if not d.startswith('.') and os.path.isdir(os.path.join(root, d)))
+  if not classes:
+    raise ValueError(f'{root}: no class sub-folders (expected root/<class>/<image files>)')
+  exts = tuple(e.lower() for e in extensions)
+  paths, labels, empty = [], [], []
+  for i, c in enumerate(classes):
+    folder = os.path.join(root, c)
+    names = sorted(n for n in os.listdir(folder) if n.lower().endswith(exts) and not n.startswith('.')
+                   and os.path.isfile(os.path.join(folder, n)))
+    if not names:
+      empty.append(c)
+    paths += [os.path.join(folder, n) for n in names]
+    labels += [i] * len(names)
+  if not paths:
+    raise ValueError(f'{root}: no image files in any of the {len(classes)} class folders '
+                     f'(looked for {", ".join(exts)})')
+  return LabelledImages(paths, np.asarray(labels, np.int64), classes, empty)
+
+
+def demo_labelled(root: str | None = None, n_pairs: int = 192, seed: int = 0) -> LabelledImages:
+  """The offline demo set as a labelled set: left and right image of each pair, labelled by its source photo."""
+  from visim_jax.data import demo as demo_lib
+  folder = demo_lib.demo_pairs(root, n_pairs, seed)
+  by_name = demo_lib.demo_classes(folder)
+  classes = sorted(set(by_name.values()))
+  cid = {c: i for i, c in enumerate(classes)}
+  paths, labels = [], []
+  for side in ('left', 'right'):
+    for name in sorted(by_name):
+      paths.append(os.path.join(folder, side, name))
+      labels.append(cid[by_name[name]])
+  return LabelledImages(paths, np.asarray(labels, np.int64), classes, [])
+
+
+# ------------------------------------------------------------------------------------------------ TFDS
+
+def tfds_source(name: str, split: str, data_dir: str | None = None, label_key: str = 'label'):
+  """(random-access data source, class names) of a prepared TFDS dataset (tfds.data_source, NumPy)."""
+  import tensorflow_datasets as tfds
+  try:
+    source = tfds.data_source(name, split=split, data_dir=data_dir or None)
+    builder = tfds.builder(name, data_dir=data_dir or None)
+  except Exception as e:  # not prepared, unknown name, bad split...
+    raise ValueError(f'config.tfds.name: cannot open TFDS dataset {name!r} split {split!r} '
+                     f'(data_dir={data_dir or "default"}): {e}') from e
+  feats = builder.info.features
+  if label_key not in feats:
+    raise ValueError(f'config.tfds.label_key: {name!r} has no feature {label_key!r} (has {sorted(feats.keys())})')
+  label = feats[label_key]
+  names = list(getattr(label, 'names', None) or [str(i) for i in range(int(label.num_classes))])
+  return source, names
+
+
+def _to_rgb(arr: np.ndarray) -> Image.Image:
+  arr = np.asarray(arr)
+  if arr.ndim == 3 and arr.shape[-1] == 1:
+    arr = arr[..., 0]
+  if arr.dtype != np.uint8:
+    arr = np.clip(arr, 0, 255).astype(np.uint8)
+  return Image.fromarray(arr).convert('RGB')
+
+
+def tfds_batches(source, pre, batch_size: int, indices: Sequence[int], image_key: str = 'image',
+                 label_key: str = 'label') -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """(uint8 (B, size, size, 3) images resized for `pre`, (B,) labels) over source[indices], in order."""
+  for s in range(0, len(indices), batch_size):
+    imgs, labs = [], []
+    for i in indices[s:s + batch_size]:
+      ex = source[int(i)]
+      if image_key not in ex:
+        raise ValueError(f'config.tfds.image_key: example {i} has no {image_key!r} (has {sorted(ex)})')
+      imgs.append(images_lib.resize(_to_rgb(ex[image_key]), pre))
+      labs.append(int(ex[label_key]))
+    yield np.stack(imgs), np.asarray(labs, np.int64)
+
+
+# ---------------------------------------------------------------------------------------- features file
+
+def load_feature_file(path: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+  """(features float32 (N, D), labels int64 (N,), class names) of an .npz with `features` and `labels`."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'{path}: features file not found')
+  try:
+    with np.load(path, allow_pickle=False) as z:
+      missing = [k for k in ('features', 'labels') if k not in z.files]
+      if missing:
+        raise ValueError(f'{path}: missing array(s) {missing} (has {z.files}); need `features` (N, D) and `labels` (N,)')
+      feats, labels = np.asarray(z['features']), np.asarray(z['labels'])
+      names = [str(n) for n in z['class_names']] if 'class_names' in z.files else None
+  except ValueError:
+    raise
+  except Exception as e:
+    raise ValueError(f'{path}: not a readable .npz file ({e})') from e
+  if feats.ndim != 2:
+    raise ValueError(f'{path}: `features` must be 2-D (samples, dim), got shape {feats.shape}')
+  if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+    raise ValueError(f'{path}: `labels` must be a 1-D integer array, got {labels.dtype} {labels.shape}')
+  if len(feats) != len(labels):
+    raise ValueError(f'{path}: {len(feats)} feature rows but {len(labels)} labels; they must match')
+  if len(labels) and labels.min() < 0:
+    raise ValueError(f'{path}: negative label {int(labels.min())} at row {int(np.argmin(labels))}')
+  n_cls = int(labels.max()) + 1 if len(labels) else 0
+  if names is None:
+    names = [str(i) for i in range(n_cls)]
+  elif len(names) < n_cls:
+    raise ValueError(f'{path}: {len(names)} class_names but labels go up to {n_cls - 1}')
+  bad = np.flatnonzero(~np.isfinite(feats.astype(np.float32)).all(1))
+  if len(bad):
+    raise ValueError(f'{path}: {len(bad)} feature rows hold NaN/Inf (first rows: {bad[:5].tolist()})')
+  return feats.astype(np.float32), labels.astype(np.int64), names
+
+
+# ------------------------------------------------------------------------------------------- class tree
+
+def read_class_tree(path: str) -> dict[str, list[str]]:
+  """parent -> children from a text file: each line `parent child [child ...]` (whitespace separated, as
+  ImageNet's wordnet.is_a.txt), `#` starts a comment, blank lines are skipped. Children keep file order."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'{path}: class tree file not found')
+  tree: dict[str, list[str]] = {}
+  with open(path, encoding='utf-8') as f:
+    for ln, line in enumerate(f, 1):
+      parts = line.split('#', 1)[0].replace(',', ' ').replace(':', ' ').split()
+      if not parts:
+        continue
+      if len(parts) < 2:
+        raise ValueError(f'{path}:{ln}: expected `parent child [child ...]`, got {line.strip()!r}')
+      parent, kids = parts[0], parts[1:]
+      if parent in kids:
+        raise ValueError(f'{path}:{ln}: {parent!r} is its own child')
+      lst = tree.setdefault(parent, [])
+      lst += [k for k in kids if k not in lst]
+  if not tree:
+    raise ValueError(f'{path}: no parent -> child lines')
+  return tree
