@@ -18,6 +18,7 @@ applied once per image, not per triple), or a pair scorer `score_fn(ref_feats, c
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -92,6 +93,7 @@ def group_ids(keys) -> tuple[np.ndarray, np.ndarray]:
   return uniq[order], rank[inv.reshape(-1)].astype(np.int32)
 
 
+@functools.partial(jax.jit, static_argnums=2)
 def per_group_mean(scores: jax.Array, groups: jax.Array, n_groups: int):
   """(mean score per group (..., G), count per group (G,)); scores (..., T), groups (T,)."""
   scores = jnp.asarray(scores, jnp.float32)
@@ -101,27 +103,36 @@ def per_group_mean(scores: jax.Array, groups: jax.Array, n_groups: int):
   return sums / jnp.maximum(counts, 1.0), counts
 
 
+@functools.partial(jax.jit, static_argnums=2)
+def _boot_triplets(key, scores, n_boot: int):
+  t = scores.shape[0]
+  return jax.vmap(lambda k: scores[jax.random.randint(k, (t,), 0, t)].mean())(jax.random.split(key, n_boot))
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _boot_groups(key, scores, groups, n_groups: int, n_boot: int):
+  sums = jax.ops.segment_sum(scores, groups, n_groups)
+  counts = jax.ops.segment_sum(jnp.ones_like(scores), groups, n_groups)
+
+  def one(k):
+    w = jnp.bincount(jax.random.randint(k, (n_groups,), 0, n_groups), length=n_groups).astype(jnp.float32)
+    return (w * sums).sum() / jnp.maximum((w * counts).sum(), 1.0)   # w: each group's multiplicity
+  return jax.vmap(one)(jax.random.split(key, n_boot))
+
+
 def bootstrap_ci(scores, groups=None, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0,
                  unit: str = 'reference') -> tuple[float, float]:
   """Percentile (1 - alpha) interval of the mean score. unit='reference' resamples groups (needs groups)."""
   scores = jnp.asarray(scores, jnp.float32)
   key = jax.random.PRNGKey(seed)
   if unit == 'triplet' or groups is None:
-    t = scores.shape[0]
-    boot = jax.vmap(lambda k: scores[jax.random.randint(k, (t,), 0, t)].mean())(jax.random.split(key, n_boot))
+    boot = _boot_triplets(key, scores, int(n_boot))
   elif unit == 'reference':
-    groups = jnp.asarray(groups)
-    g = int(groups.max()) + 1
-    sums = jax.ops.segment_sum(scores, groups, g)
-    counts = jax.ops.segment_sum(jnp.ones_like(scores), groups, g)
-
-    def one(k):
-      w = jnp.bincount(jax.random.randint(k, (g,), 0, g), length=g).astype(jnp.float32)  # multiplicities
-      return (w * sums).sum() / jnp.maximum((w * counts).sum(), 1.0)
-    boot = jax.vmap(one)(jax.random.split(key, n_boot))
+    groups = np.asarray(groups)
+    boot = _boot_groups(key, scores, jnp.asarray(groups), int(groups.max()) + 1, int(n_boot))
   else:
     raise ValueError(f"bootstrap unit must be 'reference' or 'triplet', got {unit!r}")
-  lo, hi = jnp.quantile(boot, jnp.asarray([alpha / 2, 1 - alpha / 2]))
+  lo, hi = np.quantile(np.asarray(boot), [alpha / 2, 1 - alpha / 2])
   return float(lo), float(hi)
 
 

@@ -1,0 +1,55 @@
+r"""CoSIS 2AFC (paper 004: Liao & Chen, KDD 2024): context-sensitive models and their ensembles.
+
+  python -m visim_jax.main --config=configs/twoafc.py --workdir=workdirs/twoafc
+  python -m visim_jax.main --config=configs/twoafc.py:local --workdir=/tmp/twoafc      # quick
+  python -m visim_jax.main --config=configs/twoafc.py --workdir=workdirs/cosis \
+      --config.annotations=/path/to/cosis --config.image_dir=/path/to/BG-20k              # real features
+  python -m visim_jax.main --config=configs/twoafc.py --workdir=workdirs/cosis --config.features=feats.npz
+
+Offline default: the real CoSIS annotation files from ../shared/data/cosis (a synthetic CoSIS-format set when
+that folder is absent) with STAND-IN features (seeded random vectors keyed by image id). Those runs check the
+pipeline: on the real annotations their accuracies are chance by construction (metrics.json says so under
+`features`). Real numbers need config.image_dir (BG-20k: train/ and testval/) or config.features (.npz with
+`features` (N, D) and `names`: ids such as `val/715` or BG-20k names). Docs: docs/twoafc.md.
+"""
+import ml_collections
+
+
+def get_config(arg=None):
+  c = ml_collections.ConfigDict()
+  c.experiment = 'twoafc'
+  c.annotations = ''           # CoSIS folder; '' = ../shared/data/cosis if present else synthetic; 'synthetic'
+  c.features = ''              # .npz keyed by image id (features, names)
+  c.image_dir = ''             # BG-20k folder: features extracted with config.backbone (cached)
+  c.stand_in_dim = 128         # stand-in features (neither features nor image_dir)
+
+  # backbone (image_dir only)
+  c.backbone = 'efficientnet_lite0'
+  c.backbone_kwargs = ml_collections.ConfigDict({'weights': '', 'random_init': -1, 'tiny': False})
+  c.layers = ''
+  c.image_batch_size = 32
+  c.dtype = 'float32'
+  c.cache_dir = ''
+
+  # context-sensitive models (one head per dist_<ref> set, all trained in one vmapped program)
+  c.model = ml_collections.ConfigDict({
+      'train_fraction': 2 / 3, 'embed_dim': 256, 'hidden': 256, 'triplet_weight': 0.1, 'normalize': True,
+      'lr': 1e-3, 'weight_decay': 1e-4, 'steps': 1000, 'batch_size': 64, 'swap': True})
+
+  # ensembles (fitted on mulref_val, evaluated on mulref_test)
+  c.ensemble = ml_collections.ConfigDict({
+      'grid': 200, 'window': 21, 'threshold': 0.7,
+      'mlp_dim': 64, 'mlp_hidden': 64, 'mlp_steps': 1000, 'mlp_lr': 1e-3, 'mlp_seeds': 3})
+
+  c.n_boot = 1000              # bootstrap resamples (over references) for the 95% intervals; 0: none
+  c.seed = 0
+  c.plots = True
+
+  if arg == 'local':
+    c.stand_in_dim = 32
+    c.model.embed_dim, c.model.hidden, c.model.steps = 32, 32, 100
+    c.ensemble.mlp_steps, c.ensemble.mlp_seeds = 100, 2
+    c.n_boot = 100
+  elif arg:
+    raise ValueError(f'configs/twoafc.py: unknown argument {arg!r} (known: local)')
+  return c
