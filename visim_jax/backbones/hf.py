@@ -21,6 +21,11 @@ centre crop 224, CLIP mean/std; ViT (ViTImageProcessor): squash to 224 bilinear,
 DINOv2 (BitImageProcessor): shorter side 256 bicubic, crop 224, ImageNet mean/std; ResNet/RegNet
 (ConvNextImageProcessor, crop_pct 0.875): shorter side 256 bicubic, crop 224, ImageNet mean/std.
 
+DINOv2 (pre-trained at 518 px, 37x37 position embeddings) at 224 px: the PyTorch reference resizes the position
+embeddings with `interpolate(size=(16, 16), mode='bicubic', align_corners=False)` (cubic a = -0.75); transformers'
+Flax port uses a different kernel and scale (outputs differ by ~1e-2), so `_dinov2_at_size` resizes them the
+reference way (`torch_bicubic_matrix`) and hands the module a config of the input size.
+
 The transformers Flax modules take NHWC inside (their public __call__ transposes NCHW pixel_values); here the
 module's `apply` is wrapped in a pure function with output_hidden_states=True, run at the dtype of the input
 (bfloat16 inputs build a bfloat16 module, so the matmuls run in bf16), and the ResNet hidden states (which the
