@@ -118,15 +118,15 @@ def load_feature_file(path: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
     raise FileNotFoundError(f'{path}: features file not found')
   try:
     with np.load(path, allow_pickle=False) as z:
-      missing = [k for k in ('features', 'labels') if k not in z.files]
-      if missing:
-        raise ValueError(f'{path}: missing array(s) {missing} (has {z.files}); need `features` (N, D) and `labels` (N,)')
-      feats, labels = np.asarray(z['features']), np.asarray(z['labels'])
-      names = [str(n) for n in z['class_names']] if 'class_names' in z.files else None
-  except ValueError:
-    raise
-  except Exception as e:
+      files = list(z.files)
+      arrays = {k: np.asarray(z[k]) for k in ('features', 'labels', 'class_names') if k in files}
+  except Exception as e:  # not a zip, truncated, pickled objects...
     raise ValueError(f'{path}: not a readable .npz file ({e})') from e
+  missing = [k for k in ('features', 'labels') if k not in arrays]
+  if missing:
+    raise ValueError(f'{path}: missing array(s) {missing} (has {files}); need `features` (N, D) and `labels` (N,)')
+  feats, labels = arrays['features'], arrays['labels']
+  names = [str(n) for n in arrays['class_names']] if 'class_names' in arrays else None
   if feats.ndim != 2:
     raise ValueError(f'{path}: `features` must be 2-D (samples, dim), got shape {feats.shape}')
   if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):

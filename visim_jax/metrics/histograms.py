@@ -497,9 +497,11 @@ def evaluate(x: jax.Array, labels: np.ndarray, num_classes: int, opts: Options =
 
   Classes with fewer than 2 samples are dropped (counted in `skipped_classes`). Raises ValueError when fewer
   than 2 classes remain. Returns NumPy values: the histogram_metrics dict, `hist_intra`, `hist_inter` (C, B),
-  `valid` (C,), `class_counts`, `knn_accuracy` (+ `class_knn_accuracy`), pair info, `skipped_classes`.
+  `valid` (C,), `class_counts` (samples per class, skipped ones included), `knn_accuracy` (+ `class_knn_accuracy`), pair info, `skipped_classes`.
   """
-  labels, kept, skipped = keep_classes(np.asarray(labels), num_classes)
+  labels = np.asarray(labels)
+  class_counts = np.bincount(labels[labels >= 0], minlength=num_classes)[:num_classes]
+  labels, kept, skipped = keep_classes(labels, num_classes)
   if kept.sum() < 2:
     raise ValueError(f'only {int(kept.sum())} class(es) with at least 2 samples ({skipped} skipped): '
                      'overlap needs at least 2 classes')
@@ -507,7 +509,7 @@ def evaluate(x: jax.Array, labels: np.ndarray, num_classes: int, opts: Options =
   valid = kept & (h_in.sum(1) > 0) & (h_out.sum(1) > 0)
   m = {k: np.asarray(v) for k, v in histogram_metrics(h_in, h_out, valid).items()}
   m.update(hist_intra=h_in, hist_inter=h_out, valid=valid, skipped_classes=skipped,
-           class_counts=np.bincount(labels[labels >= 0], minlength=num_classes)[:num_classes], **info)
+           class_counts=class_counts, **info)
   if opts.knn_k:
     n_kept = int((labels >= 0).sum())
     k = min(opts.knn_k, n_kept - 1)

@@ -1,0 +1,121 @@
+"""End to end: configs/histograms.py through visim_jax.main.run on tiny data (features file, image folder, TFDS mock)."""
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+from visim_jax import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def local_config(**overrides):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location('hist_config', os.path.join(ROOT, 'configs', 'histograms.py'))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config('local')
+  for k, v in overrides.items():
+    node = c
+    *path, last = k.split('.')
+    for p in path:
+      node = node[p]
+    node[last] = v
+  return c
+
+
+def feature_file(path, c=6, n=8, d=16, seed=0, single=True):
+  rng = np.random.default_rng(seed)
+  lab = np.repeat(np.arange(c), n)
+  x = rng.normal(size=(c, d))[lab] + rng.normal(size=(c * n, d))
+  names = [f'leaf{i}' for i in range(c)] + ['lonely']
+  if single:  # a class with a single sample: skipped and counted
+    lab = np.concatenate([lab, [c]])
+    x = np.concatenate([x, rng.normal(size=(1, d))])
+  np.savez(path, features=x.astype(np.float32), labels=lab, class_names=np.array(names[:c + int(single)]))
+  return path
+
+
+def test_features_file_with_tree_end_to_end(tmp_path):
+  feats = feature_file(str(tmp_path / 'f.npz'))
+  tree = tmp_path / 'tree.txt'
+  tree.write_text('top mid1 mid2\nmid1 leaf0 leaf1 leaf2\nmid2 leaf3 leaf4 leaf5 lonely\n')
+  wd = str(tmp_path / 'wd')
+  out = main.run(local_config(dataset='features', features=feats, class_tree=str(tree),
+                              plot_classes='leaf0,leaf5'), wd)
+  for f in ('config.json', 'metrics.json', 'classes.csv', 'histograms.npz', 'nodes.csv', 'levels.csv',
+            'plots/class_histograms.png', 'plots/overlap_distribution.png', 'plots/levels.png'):
+    assert os.path.exists(os.path.join(wd, f)), f
+  m = json.load(open(os.path.join(wd, 'metrics.json')))
+  assert m == json.loads(json.dumps(out))
+  assert 0.0 <= m['metrics']['overlap'] <= m['metrics']['max_overlap'] <= 1.0
+  assert m['data']['evaluated_classes'] == 6 and m['data']['skipped_classes'] == 1
+  assert m['data']['skipped_class_names'] == ['lonely']
+  assert m['pairs']['intra_mode'] == 'exhaustive' and m['pairs']['intra_pairs'] == 6 * 28
+  assert 0.0 <= m['metrics']['knn_accuracy'] <= 1.0 and m['knn_k'] == 10
+  assert [r['level'] for r in m['hierarchy']['levels']] == [0, 1]
+  assert m['hierarchy']['nodes'] == 3
+  rows = list(csv.DictReader(open(os.path.join(wd, 'classes.csv'))))
+  assert [r['class'] for r in rows] == [f'leaf{i}' for i in range(6)] + ['lonely']
+  assert rows[-1]['evaluated'] == '0' and rows[-1]['overlap'] == ''
+  ov = np.mean([float(r['overlap']) for r in rows[:6]])
+  assert ov == pytest.approx(m['metrics']['overlap'], abs=1e-5)
+  with np.load(os.path.join(wd, 'histograms.npz')) as z:
+    assert z['hist_intra'].shape == (7, 100) and z['hist_intra'][:6].sum(1).tolist() == [28] * 6
+
+
+def test_bad_inputs_fail_before_writing(tmp_path):
+  p = str(tmp_path / 'bad.npz')
+  x = np.ones((6, 3), np.float32)
+  x[4, 0] = np.nan
+  np.savez(p, features=x, labels=np.array([0, 0, 0, 1, 1, 1]))
+  wd = str(tmp_path / 'wd')
+  with pytest.raises(ValueError, match=r'bad.npz: 1 feature rows hold NaN.*\[4\]'):
+    main.run(local_config(dataset='features', features=p, class_tree=''), wd)
+  np.savez(p, features=np.ones((6, 3)), labels=np.array([0, 1, 2, 3, 4, 4]))
+  with pytest.raises(ValueError, match=r'only 1 class.*4 skipped'):
+    main.run(local_config(dataset='features', features=p, class_tree=''), wd)
+  with pytest.raises(ValueError, match='config.class_tree'):
+    main.run(local_config(dataset='features', features=p), wd)  # the built-in demo tree needs dataset=demo
+  with pytest.raises(ValueError, match='config.pairs.mode'):
+    main.run(local_config(dataset='features', features=p, class_tree='', **{'pairs.mode': 'all'}), wd)
+  with pytest.raises(ValueError, match='config.source_stats'):
+    main.run(local_config(dataset='features', features=p, class_tree='', normalization='source'), wd)
+  assert not os.path.exists(wd)
+
+
+def tiny_backbone(random_init=0, **unused):
+  """A two-stage random 'network' on 16 px images: compiles in a blink (the pipeline, not Lite0, is tested)."""
+  import jax
+  import jax.numpy as jnp
+  from visim_jax.backbones.base import Backbone, Preprocess
+  w = jax.random.normal(jax.random.PRNGKey(random_init), (3, 8))
+
+  def apply_fn(variables, x):
+    s1 = x
+    s2 = jnp.tanh(x @ variables['w'])
+    return s2.mean((1, 2)), {'s1': s1, 's2': s2}
+
+  return Backbone('tiny_hist_test', apply_fn, {'w': w}, Preprocess(size=16), ('s1', 's2'), f'random:{random_init}')
+
+
+def test_folder_and_tfds_sources_with_a_random_backbone(tmp_path):
+  tfds = pytest.importorskip('tensorflow_datasets')
+  from tests.test_classes import write_folder
+  from visim_jax.backbones import registry
+  registry.register('tiny_hist_test', 'tests.test_histograms_experiment:tiny_backbone', 'test only')
+  root = write_folder(str(tmp_path / 'imgs'), sizes=(3, 3, 1))
+  common = {'backbone': 'tiny_hist_test', 'cache_dir': str(tmp_path / 'cache'), 'class_tree': '',
+            'image_batch_size': 4, 'plots': False}
+  out = main.run(local_config(dataset='folder', data_dir=root, **common), str(tmp_path / 'wd1'))
+  assert out['data']['samples'] == 7 and out['data']['skipped_classes'] == 1
+  assert out['data']['evaluated_classes'] == 2 and out['knn_k'] == 5
+  assert os.listdir(tmp_path / 'cache')  # features were cached
+  with tfds.testing.mock_data(num_examples=9):  # labels 0 1 1 1 1 0 0 1 1
+    cfg = local_config(dataset='tfds', **{'tfds.name': 'cats_vs_dogs', 'tfds.split': 'train',
+                                          'tfds.data_dir': str(tmp_path / 'tfds')}, **common)
+    out = main.run(cfg, str(tmp_path / 'wd2'))
+  assert out['data']['samples'] == 9 and out['data']['classes'] == 2 and out['data']['evaluated_classes'] == 2
+  assert out['pairs']['intra_pairs'] == 3 + 15 and out['pairs']['inter_pairs'] == 2 * 3 * 6
