@@ -43,10 +43,13 @@ def features_config(path, **kw):
   return c
 
 
+HP = train.Hparams(runs=3, pca_dim=8, adapt_dim=32, epochs=7, sigma=15.0, lr=1e-2, seed=3)
+
+
 def test_vmapped_runs_equal_runs_one_by_one():
   d = synthetic()
   feats = train.Features(*(jnp.asarray(d[k]) for k in ('left', 'right', 'left_flip', 'right_flip')))
-  hp = train.Hparams(runs=3, pca_dim=8, adapt_dim=32, epochs=7, sigma=15.0, lr=1e-2, seed=3)
+  hp = HP
   out = adapt.train_all(hp, feats, None, checkpoint_every=3, progress=False)
   n = d['left'].shape[0]
   for r in range(hp.runs):
@@ -140,3 +143,48 @@ def test_unknown_config_key_is_refused():
                      env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
   assert r.returncode != 0 and 'sigmaa' in r.stderr
   assert not os.path.exists('/nonexistent')
+
+
+def _worker(args, env_extra, cwd):
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', **env_extra}
+  return subprocess.Popen([sys.executable, os.path.join(ROOT, 'tests', 'adapt_worker.py'), *map(str, args)],
+                          cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _one_device_reference():
+  d = synthetic()
+  feats = train.Features(d['left'], d['right'], d['left_flip'], d['right_flip'])
+  return adapt.train_all(HP, feats, None, checkpoint_every=3, progress=False, devices=jax.devices()[:1])
+
+
+def _check_same(got, ref):
+  np.testing.assert_allclose(got['loss'], ref['loss'], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got['w'], ref['params']['w'], atol=1e-5)
+  np.testing.assert_array_equal(got['raw'], ref['raw'])
+  # ranks are integers from float comparisons: allow a rare near-tie flip
+  assert (got['ranks'] != ref['ranks']).mean() < 1e-3
+
+
+def test_eight_devices_equal_one(tmp_path):
+  p = _worker([tmp_path / 'out.npz', tmp_path / 'ckpt'],
+              {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}, tmp_path)
+  log = p.communicate(timeout=300)[0]
+  assert p.returncode == 0, log[-3000:]
+  got = np.load(tmp_path / 'out.npz')
+  assert int(got['devices']) == 8
+  _check_same(got, _one_device_reference())
+
+
+def test_two_processes_equal_one(tmp_path):
+  import socket
+  with socket.socket() as s:
+    s.bind(('localhost', 0))
+    port = s.getsockname()[1]
+  flags = {'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
+  procs = [_worker([tmp_path / 'out.npz', tmp_path / 'ckpt', i, 2, port], flags, tmp_path) for i in range(2)]
+  logs = [p.communicate(timeout=300)[0] for p in procs]
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0, log[-3000:]
+  got = np.load(tmp_path / 'out.npz')
+  assert int(got['processes']) == 2 and int(got['devices']) == 4
+  _check_same(got, _one_device_reference())

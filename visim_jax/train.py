@@ -113,6 +113,17 @@ def baselines(feats: Features, data: RunData, test_idx) -> dict[str, jax.Array]:
   return {'raw': raw, 'pca': pca}
 
 
+def explained_variance(feats: Features, pcas: pca_lib.PCA, train_idx: jax.Array) -> jax.Array:
+  """(R,) share of the training vectors' variance each run's PCA keeps."""
+  n = feats.left.shape[0]
+  both = jnp.concatenate([feats.left, feats.right])
+
+  def one(p, tr):
+    mask = jnp.zeros((n,), bool).at[tr].set(True)
+    return pca_lib.explained_variance_ratio(p, both, jnp.concatenate([mask, mask]))
+  return jax.vmap(one)(pcas, train_idx)
+
+
 def init_state(hp: Hparams) -> State:
   def one(k):
     params = adaptation.init(jax.random.fold_in(k, 1), hp.pca_dim, hp.adapt_dim)

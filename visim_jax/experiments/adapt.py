@@ -11,6 +11,7 @@ plots/recall_at_k.png, plots/training_curves.png, plots/retrieval_sheet.png, che
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ from absl import logging
 from tqdm.auto import tqdm
 
 from visim_jax import features as features_lib
-from visim_jax import report, train
+from visim_jax import report, sharding, train
 from visim_jax.data import demo as demo_lib
 from visim_jax.data import pairs as pairs_lib
 from visim_jax.metrics import retrieval
@@ -136,62 +137,73 @@ def fingerprint(hp: train.Hparams, feats: train.Features) -> str:
 
 
 def train_all(hp: train.Hparams, feats: train.Features, ckpt_dir: str | None, checkpoint_every: int,
-              progress: bool = True, stop_after_epoch: int | None = None) -> dict:
+              progress: bool = True, stop_after_epoch: int | None = None, devices=None) -> dict:
   """Every run, with Orbax checkpoints every `checkpoint_every` epochs in ckpt_dir (None: no checkpoints).
 
+  The runs axis is sharded over `devices` (default: every device of every host; see sharding.py).
   Returns numpy arrays: loss (R, E), ranks (R, E, n_test), raw/pca baseline ranks (R, n_test), explained
-  variance (R,), final params, test_idx (R, n_test). stop_after_epoch simulates a kill (for tests).
+  variance (R,), final params, PCAs, test_idx (R, n_test). stop_after_epoch simulates a kill (for tests).
   """
   import orbax.checkpoint as ocp
+  mesh = sharding.make_mesh('runs', devices)
+  per_run, rep = sharding.split(mesh), sharding.replicated(mesh)
+  runs = hp.runs
+  hp_x = dataclasses.replace(hp, runs=sharding.padded(runs, mesh))  # extra runs are computed, then dropped
   n = feats.left.shape[0]
-  train_idx, test_idx = train.splits(hp, n)
-  feats_j = train.Features(*(None if a is None else jnp.asarray(a) for a in feats))
+  feats_j = train.Features(*(None if a is None else sharding.to_global(np.asarray(a, np.float32), rep)
+                             for a in feats))
+  train_idx, test_idx = jax.jit(train.splits, static_argnums=(0, 1), out_shardings=per_run)(hp_x, n)
 
   n_test = test_idx.shape[1]
-  state = train.init_state(hp)
-  loss = np.zeros((hp.runs, hp.epochs), np.float32)
-  ranks = np.zeros((hp.runs, hp.epochs, n_test), np.int32)
-  fit = jax.jit(train.fit_pcas, static_argnums=0)
+  state = jax.jit(train.init_state, static_argnums=0, out_shardings=per_run)(hp_x)
+  loss = np.zeros((hp_x.runs, hp.epochs), np.float32)
+  ranks = np.zeros((hp_x.runs, hp.epochs, n_test), np.int32)
+  fit = jax.jit(train.fit_pcas, static_argnums=0, out_shardings=per_run)
 
   def saved_tree(state, pcas):
-    return {'state': jax.tree.map(np.asarray, state), 'pca': dict(pcas._asdict()), 'loss': loss, 'ranks': ranks}
+    return {'state': state, 'pca': dict(pcas._asdict()), 'loss': loss, 'ranks': ranks}
 
   mngr, start, pcas = None, 0, None
   if ckpt_dir:
     mngr = ocp.CheckpointManager(os.path.abspath(ckpt_dir), options=ocp.CheckpointManagerOptions(max_to_keep=2))
     if mngr.latest_step() is not None:
       start = int(mngr.latest_step())
-      template = saved_tree(state, train.pca_lib.PCA(*jax.eval_shape(fit, hp, feats_j, train_idx)))
-      abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), template)
-      saved = mngr.restore(start, args=ocp.args.StandardRestore(abstract))
+      template = saved_tree(state, train.pca_lib.PCA(*jax.eval_shape(fit, hp_x, feats_j, train_idx)))
+      abstract = jax.tree.map(
+          lambda a: a if isinstance(a, np.ndarray) else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=per_run),
+          template)
+      try:
+        saved = mngr.restore(start, args=ocp.args.StandardRestore(abstract))
+      except Exception as e:
+        raise ValueError(f'{ckpt_dir}: cannot resume from epoch {start} ({type(e).__name__}: {e}); were the '
+                         'checkpoints written with another device count? Use a new --workdir.') from e
       logging.info('resuming from %s at epoch %d', ckpt_dir, start)
-      state = jax.tree.map(jnp.asarray, saved['state'])
-      pcas = train.pca_lib.PCA(**{k: jnp.asarray(v) for k, v in saved['pca'].items()})
+      state = saved['state']
+      pcas = train.pca_lib.PCA(**saved['pca'])
       loss[:, :start] = np.asarray(saved['loss'])[:, :start]
       ranks[:, :start] = np.asarray(saved['ranks'])[:, :start]
   if pcas is None:
-    pcas = fit(hp, feats_j, train_idx)
-  data = jax.jit(train.project)(feats_j, pcas, train_idx, test_idx)
-  base = jax.jit(train.baselines)(feats_j, data, test_idx)
-  both = jnp.concatenate([feats_j.left, feats_j.right])
-  masks = jax.vmap(lambda tr: jnp.zeros((n,), bool).at[tr].set(True))(train_idx)
-  evr = jax.vmap(lambda p, m: train.pca_lib.explained_variance_ratio(p, both, jnp.concatenate([m, m])))(pcas, masks)
+    pcas = fit(hp_x, feats_j, train_idx)
+  data = jax.jit(train.project, out_shardings=per_run)(feats_j, pcas, train_idx, test_idx)
+  base = jax.jit(train.baselines, out_shardings=per_run)(feats_j, data, test_idx)
+  evr = jax.jit(train.explained_variance, out_shardings=per_run)(feats_j, pcas, train_idx)
 
-  chunk = jax.jit(train.train_chunk, static_argnums=(0, 3))
-  bar = tqdm(total=hp.epochs, initial=start, desc=f'train {hp.runs} runs', unit='epoch', disable=not progress)
+  chunk = jax.jit(train.train_chunk, static_argnums=(0, 3), out_shardings=per_run)
+  bar = tqdm(total=hp.epochs, initial=start, desc=f'train {runs} runs', unit='epoch',
+             disable=not (progress and report.is_writer()))
   epoch = start
   while epoch < hp.epochs:
     e = min(checkpoint_every - epoch % checkpoint_every, hp.epochs - epoch)
-    state, l, r = chunk(hp, state, data, e)
-    l = np.asarray(l)
+    state, l, r = chunk(hp_x, state, data, e)
+    l = sharding.to_host(l)
     if not np.isfinite(l).all():
       raise FloatingPointError(f'training loss is NaN/Inf at epochs {epoch + 1}..{epoch + e} '
                                f'(try a smaller config.lr or config.sigma)')
-    loss[:, epoch:epoch + e], ranks[:, epoch:epoch + e] = l, np.asarray(r)
+    loss[:, epoch:epoch + e], ranks[:, epoch:epoch + e] = l, sharding.to_host(r)
     epoch += e
     bar.update(e)
-    bar.set_postfix(loss=f'{l[:, -1].mean():.4f}')
-    if mngr is not None and report.is_writer():
+    bar.set_postfix(loss=f'{l[:runs, -1].mean():.4f}')
+    if mngr is not None:  # every process takes part in a (multi-host) Orbax save
       mngr.save(epoch, args=ocp.args.StandardSave(saved_tree(state, pcas)))
       mngr.wait_until_finished()
     if stop_after_epoch is not None and epoch >= stop_after_epoch and epoch < hp.epochs:
@@ -200,9 +212,10 @@ def train_all(hp: train.Hparams, feats: train.Features, ckpt_dir: str | None, ch
   bar.close()
   if mngr is not None:
     mngr.close()
-  return {'loss': loss, 'ranks': ranks, 'raw': np.asarray(base['raw']), 'pca': np.asarray(base['pca']),
-          'explained_variance': np.asarray(evr), 'params': jax.tree.map(np.asarray, state.params),
-          'pcas': jax.tree.map(np.asarray, pcas), 'test_idx': np.asarray(test_idx)}
+  host = lambda x: jax.tree.map(lambda a: sharding.to_host(a)[:runs], x)
+  return {'loss': loss[:runs], 'ranks': ranks[:runs], 'raw': host(base['raw']), 'pca': host(base['pca']),
+          'explained_variance': host(evr), 'params': host(state.params), 'pcas': host(pcas),
+          'test_idx': host(test_idx)}
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -248,7 +261,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
       if old != fp:
         raise ValueError(f'{ckpt_dir}: checkpoints of a different config or data; use a new --workdir '
                          'or delete that folder')
-    report.atomic_write_text(fp_file, fp + '\n')
+    if report.is_writer():
+      report.atomic_write_text(fp_file, fp + '\n')
   t1 = time.time()
   out = train_all(hp, feats, ckpt_dir, config.checkpoint_every, progress,
                   config.debug_stop_after_epoch if config.debug_stop_after_epoch > 0 else None)

@@ -1,0 +1,31 @@
+"""Runs adapt.train_all on the synthetic features of test_adapt in a fresh process (multi-device tests).
+
+  python tests/adapt_worker.py OUT.npz CKPT_DIR [PROCESS_ID NUM_PROCESSES PORT]
+"""
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(out, ckpt, pid=None, nproc=None, port=None):
+  import jax
+  if pid is not None:
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+    jax.distributed.initialize(f'localhost:{port}', int(nproc), int(pid))
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  from test_adapt import HP, synthetic
+  from visim_jax import train
+  from visim_jax.experiments import adapt
+  d = synthetic()
+  feats = train.Features(d['left'], d['right'], d['left_flip'], d['right_flip'])
+  res = adapt.train_all(HP, feats, ckpt if ckpt != '-' else None, checkpoint_every=3, progress=False)
+  if jax.process_index() == 0:
+    np.savez(out, loss=res['loss'], ranks=res['ranks'], w=res['params']['w'], raw=res['raw'],
+             devices=jax.device_count(), processes=jax.process_count())
+
+
+if __name__ == '__main__':
+  main(*sys.argv[1:])
