@@ -95,7 +95,11 @@ def test_every_family_builds_offline_with_tiny_and_random_init(monkeypatch):
   names = [n for n in list_backbones() if n in hf.SPECS]
   assert {'clip_vit_b32', 'clip_vit_b16', 'clip_vit_l14', 'vit_b16', 'dinov2_s14', 'dinov2_b14', 'dinov2_l14',
           'resnet50', 'resnet101', 'resnet152', 'regnet_y_040'} <= set(names)
-  for name in names:
+  families = {}
+  for name in names:  # every name resolves to a factory; one build per family (they share the tiny config)
+    families.setdefault(hf.SPECS[name].family, name)
+    assert callable(getattr(hf, name))
+  for name in families.values():
     b = get_backbone(name, tiny=True, random_init=3)
     assert b.weights_id == 'random:3:tiny'
     assert set(b.layers) <= set(b.stage_names()), name
@@ -124,3 +128,35 @@ def test_missing_weights_fail_offline_naming_the_folder(monkeypatch, tmp_path):
   (tmp_path / 'pt' / 'pytorch_model.bin').write_bytes(b'not read')
   with pytest.raises(ValueError, match='never unpickled'):
     get_backbone('resnet50', weights=str(tmp_path / 'pt'))
+
+
+@pytest.mark.parametrize('name,flax_class', [('clip_vit_b32', 'FlaxCLIPModel'),
+                                             ('resnet50', 'FlaxResNetForImageClassification')])
+def test_flax_msgpack_checkpoints_load_like_safetensors(name, flax_class, tmp_path):
+  """The hub's openai/clip-* and microsoft/resnet-* repos hold flax_model.msgpack (of the model with its head or
+  both towers), which the loader prefers: the same weights must come out as from model.safetensors."""
+  pytest.importorskip('torch')
+  import transformers as T
+  family = hf.SPECS[name].family
+  full, _ = _torch_model(family)
+  _randomise(full, 1)
+  full.save_pretrained(tmp_path / 'pt', safe_serialization=True)
+  # what `FlaxModel.from_pretrained(pt, from_pt=True).save_pretrained(flax)` writes, without its slow eager init
+  import shutil
+  import types
+  from flax import serialization
+  from safetensors.numpy import load_file
+  from transformers.modeling_flax_pytorch_utils import convert_pytorch_state_dict_to_flax
+  cls = getattr(T, flax_class)
+  model = cls(cls.config_class.from_pretrained(tmp_path / 'pt'), _do_init=False)
+  shim = types.SimpleNamespace(base_model_prefix=cls.base_model_prefix, params=model.params_shape_tree)
+  state = convert_pytorch_state_dict_to_flax(load_file(tmp_path / 'pt' / 'model.safetensors'), shim)
+  (tmp_path / 'flax').mkdir()
+  shutil.copy(tmp_path / 'pt' / 'config.json', tmp_path / 'flax' / 'config.json')
+  (tmp_path / 'flax' / 'flax_model.msgpack').write_bytes(serialization.to_bytes(state))
+  assert os.path.exists(tmp_path / 'flax' / 'flax_model.msgpack')
+  a = get_backbone(name, weights=str(tmp_path / 'pt'), tiny=True).variables
+  b = get_backbone(name, weights=str(tmp_path / 'flax'), tiny=True).variables
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(x, y, atol=1e-6)
