@@ -101,3 +101,19 @@ def test_bfloat16_features_close(tmp_path, lite0):
   bf16 = features.extract(lite0, paths, progress=False, batch_size=2, dtype='bfloat16')
   cos = (f32 * bf16).sum(1) / np.linalg.norm(f32, axis=1) / np.linalg.norm(bf16, axis=1)
   assert (cos > 0.99).all()
+
+
+def test_extraction_on_eight_devices_equals_one(tmp_path, tiny):
+  import subprocess
+  import sys
+  paths = _images(str(tmp_path / 'img'), n=5)
+  code = ('import sys, numpy as np, jax; from visim_jax import features; from visim_jax.backbones import get_backbone;'
+          'bb = get_backbone("efficientnet_lite0", random_init=0); assert jax.local_device_count() == 8;'
+          'np.save(sys.argv[1], features.extract(bb, sys.argv[2:], batch_size=3, progress=False))')
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
+  r = subprocess.run([sys.executable, '-c', code, str(tmp_path / 'f.npy'), *paths], cwd=root, env=env,
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  np.testing.assert_allclose(np.load(tmp_path / 'f.npy'),
+                             features.extract(tiny, paths, batch_size=3, progress=False), atol=1e-5)

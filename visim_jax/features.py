@@ -26,6 +26,7 @@ import numpy as np
 from absl import logging
 from tqdm.auto import tqdm
 
+from visim_jax import report, sharding
 from visim_jax.backbones.base import Backbone
 from visim_jax.data import images as images_lib
 
@@ -85,6 +86,10 @@ def extract(backbone: Backbone, paths: Sequence[str], layers: Sequence[str] | No
   fn = make_extract_fn(backbone, layers, jnp.dtype(dtype))
   dim = sum(layer_dims(backbone, layers).values())
   out = np.empty((len(paths), dim), np.float32)
+  # the batch axis is split over this host's devices; the weights are replicated on each
+  mesh = sharding.make_mesh('batch', jax.local_devices())
+  batch_size = sharding.padded(batch_size, mesh)
+  variables = jax.device_put(backbone.variables, sharding.replicated(mesh))
   batches = [list(paths[i:i + batch_size]) for i in range(0, len(paths), batch_size)]
   pre = backbone.preprocess
 
@@ -104,7 +109,8 @@ def extract(backbone: Backbone, paths: Sequence[str], layers: Sequence[str] | No
       if i + 2 < len(batches):
         futures.append(pool_ex.submit(load, batches[i + 2]))
       start = i * batch_size
-      out[start:start + len(batch)] = np.asarray(fn(backbone.variables, x))[:len(batch)]
+      x = jax.device_put(x, sharding.split(mesh))
+      out[start:start + len(batch)] = np.asarray(fn(variables, x))[:len(batch)]
       bar.update(len(batch))
     bar.close()
   return out
@@ -196,17 +202,37 @@ def cached_features(backbone: Backbone, paths: Sequence[str], cache_dir: str | N
   names = np.asarray(list(names if names is not None else paths))
   tag = tag + ('-flip' if flip else '')
   if cache_dir is None:
-    return extract(backbone, paths, layers, batch_size, dtype, progress, desc=tag, flip=flip)
+    return extract_all_hosts(backbone, paths, layers, batch_size, dtype, progress, desc=tag, flip=flip)
   manifest = manifest_for(backbone, paths, layers, dtype, flip)
   path = cache_path(cache_dir, tag, manifest)
   hit = read_cache(path, manifest)
   if hit is not None and np.array_equal(hit[1], names):
     logging.info('feature cache hit: %s', path)
     return hit[0]
-  feats = extract(backbone, paths, layers, batch_size, dtype, progress, desc=tag, flip=flip)
+  feats = extract_all_hosts(backbone, paths, layers, batch_size, dtype, progress, desc=tag, flip=flip)
   if not np.isfinite(feats).all():
     raise FloatingPointError(f'{backbone.name}: non-finite features for {tag}; nothing cached')
-  stored = dict(manifest, features_sha256=_checksum(feats))
-  save_npz_atomic(path, features=feats, names=names, manifest=np.asarray(json.dumps(stored, sort_keys=True)))
-  logging.info('feature cache written: %s', path)
+  if report.is_writer():
+    stored = dict(manifest, features_sha256=_checksum(feats))
+    save_npz_atomic(path, features=feats, names=names, manifest=np.asarray(json.dumps(stored, sort_keys=True)))
+    logging.info('feature cache written: %s', path)
   return feats
+
+
+def extract_all_hosts(backbone: Backbone, paths: Sequence[str], layers, batch_size: int, dtype: str,
+                      progress: bool, desc: str, flip: bool) -> np.ndarray:
+  """`extract` with the file list split into one contiguous slice per host, gathered on every host."""
+  n_proc = jax.process_count()
+  if n_proc == 1:
+    return extract(backbone, paths, layers, batch_size, dtype, progress, desc=desc, flip=flip)
+  from jax.experimental import multihost_utils
+  per = -(-len(paths) // n_proc)
+  lo = jax.process_index() * per
+  mine = list(paths[lo:lo + per])
+  dim = sum(layer_dims(backbone, layers).values())
+  local = np.zeros((per, dim), np.float32)
+  if mine:
+    local[:len(mine)] = extract(backbone, mine, layers, batch_size, dtype, progress and report.is_writer(),
+                                desc=desc, flip=flip)
+  gathered = np.asarray(multihost_utils.process_allgather(local))  # (n_proc, per, dim)
+  return gathered.reshape(-1, dim)[:len(paths)]
