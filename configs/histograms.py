@@ -46,7 +46,7 @@ def get_config(arg=None):
       'n_intra': 10_000,       # random intra pairs per class
       'n_inter': 10_000,       # random inter pairs per class
       'exhaustive_max': 2_000_000,
-      'chunk_elems': 1 << 24,  # floats gathered per side per round (memory bound)
+      'chunk_elems': 0,        # floats gathered per side per round (memory bound); 0 = 2^19 on CPU, 2^26 else
   })
   c.knn = ml_collections.ConfigDict({'k': 10, 'queries': 10_000})  # k=0: no kNN; queries=0: every sample
   c.seed = 0

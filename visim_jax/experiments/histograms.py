@@ -63,7 +63,7 @@ def validate_config(config) -> None:
     need(bool(config.source_stats), 'source_stats', "an .npz with `mean` and `std` is required for normalization='source'")
   need(config.pairs.mode in H.PAIR_MODES, 'pairs.mode', f'one of {H.PAIR_MODES}')
   need(config.pairs.n_intra >= 1 and config.pairs.n_inter >= 1, 'pairs.n_intra', 'pair counts must be >= 1')
-  need(config.pairs.chunk_elems >= 1, 'pairs.chunk_elems', 'must be >= 1')
+  need(config.pairs.chunk_elems >= 0, 'pairs.chunk_elems', 'must be >= 0 (0: automatic)')
   need(config.bins >= 2, 'bins', 'must be >= 2')
   need(config.knn.k >= 0 and config.knn.queries >= 0, 'knn.k', 'k and queries must be >= 0')
   need(config.image_batch_size >= 1, 'image_batch_size', 'must be >= 1')

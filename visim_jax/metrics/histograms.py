@@ -168,13 +168,20 @@ def class_is_valid(index: ClassIndex, kind: str) -> jax.Array:
 
 def _pair_similarity(x, order, a, b):
   """Cosine of rows order[a], order[b] (x is L2-normalised): float32, any leading shape."""
-  xa = jnp.take(x, jnp.take(order, a, axis=0), axis=0).astype(jnp.float32)
-  xb = jnp.take(x, jnp.take(order, b, axis=0), axis=0).astype(jnp.float32)
+  get = lambda arr, i: arr.at[i].get(mode='promise_in_bounds')  # every index is in range by construction
+  xa = get(x, get(order, a)).astype(jnp.float32)
+  xb = get(x, get(order, b)).astype(jnp.float32)
   return jnp.sum(xa * xb, axis=-1)
 
 
-def per_round(num_classes: int, dim: int, n_pairs: int, chunk_elems: int) -> int:
-  """Pairs per class per round so that one round gathers about chunk_elems floats per side."""
+def default_chunk_elems() -> int:
+  """Floats gathered per side per round: small on CPU (the round stays in cache), large on accelerators."""
+  return 1 << 19 if jax.default_backend() == 'cpu' else 1 << 26
+
+
+def per_round(num_classes: int, dim: int, n_pairs: int, chunk_elems: int = 0) -> int:
+  """Pairs per class per round so that one round gathers about chunk_elems (0: default) floats per side."""
+  chunk_elems = chunk_elems or default_chunk_elems()
   return int(max(1, min(n_pairs, chunk_elems // max(1, num_classes * dim))))
 
 
@@ -417,14 +424,16 @@ class Options:
   exhaustive_max: int = 2_000_000
   seed: int = 0
   bins: int = NUM_BINS
-  chunk_elems: int = 1 << 24  # floats gathered per side per round (memory bound of one round)
+  chunk_elems: int = 0        # floats gathered per side per round (memory bound); 0: default_chunk_elems()
   knn_k: int = 10             # 0: no kNN
   knn_queries: int = 10_000   # 0: every sample is a query
 
   def validate(self):
     if self.mode not in PAIR_MODES:
       raise ValueError(f'pairs.mode: {self.mode!r} is not one of {PAIR_MODES}')
-    for f in ('n_intra', 'n_inter', 'bins', 'chunk_elems'):
+    if self.chunk_elems < 0:
+      raise ValueError(f'chunk_elems: must be >= 0 (0: automatic), got {self.chunk_elems}')
+    for f in ('n_intra', 'n_inter', 'bins'):
       if getattr(self, f) < 1:
         raise ValueError(f'{f}: must be >= 1, got {getattr(self, f)}')
     if self.knn_k < 0 or self.knn_queries < 0:
