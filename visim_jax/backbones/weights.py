@@ -80,7 +80,7 @@ def resolve_hf_folder(name: str, hub_id: str, weights: str | None) -> str:
       try:
         folder = snapshot_download(hub_id, allow_patterns=files, local_files_only=local_only)
       except Exception as e:  # pylint: disable=broad-except
-        errors.append(f'{"cache" if local_only else "hub"}: {type(e).__name__}: {str(e).splitlines()[0][:200]}')
+        errors.append(f'{"cache" if local_only else "hub"}: {type(e).__name__}: {str(e).splitlines()[0][:100]}')
         continue
       if all(os.path.isfile(os.path.join(folder, f)) for f in files):
         return folder
