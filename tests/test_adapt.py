@@ -105,7 +105,7 @@ def test_demo_end_to_end_adapted_beats_raw(tmp_path, demo_root):
   c.flip, c.runs, c.epochs, c.checkpoint_every = False, 5, 60, 30
   wd = str(tmp_path / 'wd')
   m = adapt.run(c, wd, progress=False)
-  for name in ('metrics.json', 'config.json', 'curves.npz', 'plots/recall_at_k.png',
+  for name in ('metrics.json', 'config.json', 'curves.npz', 'adapter.npz', 'plots/recall_at_k.png',
                'plots/training_curves.png', 'plots/retrieval_sheet.png'):
     assert os.path.exists(os.path.join(wd, name)), name
   assert os.listdir(os.path.join(wd, 'tensorboard'))

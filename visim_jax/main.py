@@ -42,6 +42,8 @@ def main(argv):
     return
   if _CONFIG.value is None:
     raise app.UsageError('--config=configs/NAME.py is required (try configs/demo.py)')
+  from visim_jax import distributed
+  distributed.maybe_initialize()  # multi-host runs (TPU pods, SLURM); nothing on one machine
   config = _CONFIG.value
   workdir = _WORKDIR.value or os.path.join('workdirs', config.get('experiment', 'run'))
   logging.info('workdir: %s', os.path.abspath(workdir))

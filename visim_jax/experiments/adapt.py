@@ -6,7 +6,8 @@ Data sources (config.dataset):
   'demo'     : the embedded offline look-alike pairs (visim_jax.data.demo);
   'features' : config.features, an .npz with `left`, `right` (N, D), optional `names`, and optional
                `left_flip`, `right_flip` (features of mirrored images, for config.flip).
-Outputs in the workdir: config.json, metrics.json (schema in README), curves.npz, TensorBoard scalars,
+Outputs in the workdir: config.json, metrics.json (schema in README), curves.npz, adapter.npz (run 0's
+final PCA + W, for `python -m visim_jax.search --adapter=...`), TensorBoard scalars,
 plots/recall_at_k.png, plots/training_curves.png, plots/retrieval_sheet.png, checkpoints/.
 """
 from __future__ import annotations
@@ -109,7 +110,7 @@ def load_features(config, progress: bool = True):
   flips = (get(pairs.left, 'left', True), get(pairs.right, 'right', True)) if config.flip else (None, None)
   pairs_lib.check_feature_pairs(left, right, pairs.names, source=f'{config.backbone} features')
   desc = {'backbone': backbone.name, 'weights_sha256': backbone.weights_id, 'layers': list(layers),
-          'image_size': backbone.preprocess.size, 'root': os.path.abspath(config.data_dir) if config.dataset == 'tll' else root}
+          'image_size': backbone.preprocess.size, 'preprocessing': backbone.preprocess.describe(), 'root': os.path.abspath(config.data_dir) if config.dataset == 'tll' else root}
   return train.Features(left, right, *flips), pairs.names, (pairs.left, pairs.right), desc
 
 
@@ -288,6 +289,10 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   }
   report.write_json(os.path.join(workdir, 'metrics.json'), metrics)
   if report.is_writer():
+    from visim_jax import export
+    meta = {k: desc.get(k) for k in export.META_KEYS}
+    meta['source'] = {'workdir': os.path.abspath(workdir), 'dataset': config.dataset, 'run': 0, 'epoch': hp.epochs}
+    export.save_adapter(os.path.join(workdir, 'adapter.npz'), **export.run_arrays(out, 0), meta=meta)
     features_lib.save_npz_atomic(os.path.join(workdir, 'curves.npz'), loss=out['loss'],
                                  aR=summary['curve'], ks=np.asarray(ks))
     series = {'train/loss_mean': out['loss'].mean(0)}
