@@ -32,7 +32,7 @@ from visim_jax import simnet
 PRESETS = {
     'gpu': dict(arch='B', dim=512, queries=2048, database=65536, q_tile=512, d_tile=512, k=100,
                 dtypes='float32,bfloat16', repeats=3),
-    'cpu': dict(arch='B', dim=512, queries=32, database=256, q_tile=32, d_tile=128, k=10, dtypes='float32',
+    'cpu': dict(arch='B', dim=512, queries=32, database=256, q_tile=32, d_tile=64, k=10, dtypes='float32',
                 repeats=1),
 }
 
