@@ -349,8 +349,9 @@ def hf_backbone(name: str, weights: str | None = None, random_init: int | None =
 
 
 def _factory(name: str):
-  def make(**kwargs) -> Backbone:
-    return hf_backbone(name, **kwargs)
+  def make(weights: str | None = None, random_init: int | None = None, tiny: bool = False,
+           layers: str | Sequence[str] | None = None) -> Backbone:
+    return hf_backbone(name, weights=weights, random_init=random_init, tiny=tiny, layers=layers)
   make.__name__ = name
   make.__doc__ = f'{SPECS[name].description} (hub id {SPECS[name].hub_id}); kwargs: weights, random_init, tiny, layers.'
   return make

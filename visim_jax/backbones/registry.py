@@ -11,6 +11,7 @@ Naming: `<family>_<variant>`: clip_rn50, clip_vit_b32, vit_b16, dinov2_s14, resn
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Callable
 
 from visim_jax.backbones.base import Backbone
@@ -70,4 +71,9 @@ def get_backbone(name: str, **kwargs) -> Backbone:
   module, fn = _REGISTRY[name][0].split(':')
   factory: Callable[..., Backbone] = getattr(importlib.import_module(module), fn)
   kwargs = {k: v for k, v in kwargs.items() if v is not None}
+  params = inspect.signature(factory).parameters
+  if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+      raise ValueError(f'config.backbone_kwargs: {name} does not take {unknown}; it takes {sorted(params)}')
   return factory(**kwargs)
