@@ -1,0 +1,177 @@
+"""Look-alike search: blocked/sharded exact top-k and partner ranks vs brute force; the CLI on the demo pairs
+ranks partners better with a trained adapter than without; plain folders, query files, bad input."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from visim_jax import export, search, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def brute(db, q, partner=None, exclude=None):
+  """Stable argsort of -cosine (ties -> lower index) and pessimistic partner ranks, in NumPy."""
+  dn = db / np.linalg.norm(db, axis=1, keepdims=True)
+  qn = q / np.linalg.norm(q, axis=1, keepdims=True)
+  s = np.array(search._scores(jax.numpy.asarray(qn), jax.numpy.asarray(dn)))  # the same float rounding
+  if exclude is not None:
+    s[np.arange(len(q)), exclude] = -np.inf
+  order = np.argsort(-s, axis=1, kind='stable')
+  ranks = None
+  if partner is not None:
+    other = np.arange(len(db))[None] != partner[:, None]
+    if exclude is not None:
+      other &= np.arange(len(db))[None] != exclude[:, None]
+    ranks = 1 + ((s >= s[np.arange(len(q)), partner][:, None]) & other).sum(1)
+  return s, order, ranks
+
+
+def data(n=103, d=16, nq=9, seed=0):
+  rng = np.random.RandomState(seed)
+  db = rng.randn(n, d).astype(np.float32)
+  db[50] = db[7]
+  db[60] = 2 * db[7]  # same direction: an exact cosine tie with 7 and 50
+  q = rng.randn(nq, d).astype(np.float32)
+  q[3] = db[7]
+  partner = rng.randint(0, n, nq).astype(np.int32)
+  partner[3] = 60
+  return db, q, partner
+
+
+def test_topk_and_partner_ranks_equal_brute_force():
+  db, q, partner = data()
+  s_ref, order, ranks_ref = brute(db, q, partner)
+  index = search.build_index(db, block=8)  # 13 blocks, the last one padded
+  s, i = search.search(index, q, 10, query_block=4)  # 3 query chunks, the last one padded
+  np.testing.assert_array_equal(i, order[:, :10])
+  np.testing.assert_allclose(s, np.take_along_axis(s_ref, order[:, :10], 1), atol=1e-6)
+  assert list(i[3, :3]) == [7, 50, 60]  # ties go to the lower index
+  ranks = search.partner_ranks(index, q, partner, query_block=4)
+  np.testing.assert_array_equal(ranks, ranks_ref)
+  assert ranks[3] == 3  # pessimistic: the two tied candidates rank ahead of the partner
+  exclude = np.arange(9, dtype=np.int32)
+  exclude[3] = 7
+  _, order_ex, ranks_ex = brute(db, q, partner, exclude)
+  _, i_ex = search.search(index, q, 5, exclude=exclude)
+  np.testing.assert_array_equal(i_ex, order_ex[:, :5])
+  np.testing.assert_array_equal(search.partner_ranks(index, q, partner, exclude), ranks_ex)
+  # k up to the whole index; bfloat16 storage keeps the order of well-separated scores
+  _, i_all = search.search(index, q, 103)
+  np.testing.assert_array_equal(i_all, order)
+  with pytest.raises(ValueError, match='--k=104'):
+    search.search(index, q, 104)
+  with pytest.raises(ValueError, match='16-d'):
+    search.search(index, q[:, :5], 3)
+  m = search.rank_metrics(np.array([1, 2, 10]))
+  assert m['recall@1'] == pytest.approx(1 / 3) and m['mean_rank'] == pytest.approx(13 / 3)
+
+
+SHARDED = """
+import json, numpy as np, jax
+from visim_jax import search
+from tests.test_search import brute, data
+db, q, partner = data(n=203, nq=11)
+s_ref, order, ranks_ref = brute(db, q, partner)
+index = search.build_index(db, block=16)
+s, i = search.search(index, q, 12, query_block=8)
+r = search.partner_ranks(index, q, partner, query_block=8)
+print(json.dumps({'devices': index.mesh.devices.size, 'shard_rows': index.vectors.addressable_shards[0].data.shape[0],
+                  'topk': bool((i == order[:, :12]).all()), 'ranks': bool((r == ranks_ref).all())}))
+"""
+
+
+def test_sharded_over_four_devices_equals_brute_force():
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '--xla_force_host_platform_device_count=4',
+         'PYTHONPATH': ROOT + os.pathsep + os.environ.get('PYTHONPATH', '')}
+  r = subprocess.run([sys.executable, '-c', SHARDED], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  out = json.loads(r.stdout.strip().splitlines()[-1])
+  assert out == {'devices': 4, 'shard_rows': 64, 'topk': True, 'ranks': True}
+
+
+@pytest.fixture(scope='module')
+def pairs96(demo_root, tmp_path_factory):
+  """The first 96 demo pairs as a pairs folder (symlinks), with a module-wide feature cache."""
+  root = tmp_path_factory.mktemp('pairs96')
+  for side in ('left', 'right'):
+    os.makedirs(root / 'pairs' / side)
+    for name in sorted(os.listdir(os.path.join(demo_root, side)))[:96]:
+      os.symlink(os.path.join(demo_root, side, name), root / 'pairs' / side / name)
+  return str(root / 'pairs'), str(root / 'cache')
+
+
+def test_cli_adapter_ranks_partners_higher(pairs96, lite0, tmp_path):
+  from visim_jax.experiments import adapt
+  folder, cache = pairs96
+  common = ['--folder', folder, '--query', 'all', '--k', '5', '--cache_dir', cache, '--no_progress',
+            '--sheet_queries', '4']
+  raw = search.main(common + ['--out', str(tmp_path / 'raw')])
+  # train an adapter on half of the pairs (the features come from the cache the CLI just wrote)
+  left, right, names, _, _ = search.pairs_features(lite0, folder, cache, progress=False)
+  assert left.shape == (96, 1776)
+  hp = train.Hparams(runs=1, train_fraction=0.5, pca_dim=64, adapt_dim=256, epochs=60, sigma=15.0, lr=1e-3)
+  out = adapt.train_all(hp, train.Features(left, right), None, 60, progress=False)
+  path = export.save_adapter(str(tmp_path / 'adapter.npz'), **export.run_arrays(out, 0),
+                             meta=export.backbone_meta(lite0, demo='first 96 pairs, run 0 train split'))
+  adapted = search.main(common + ['--out', str(tmp_path / 'adapted'), '--adapter', path])
+
+  held_out = out['test_idx'][0]
+  rank = lambda summary: np.array([q['partner_rank'] for q in summary['queries']])
+  assert [os.path.basename(q['query']) for q in raw['queries']] == names
+  print('mean partner rank, held-out pairs: raw', rank(raw)[held_out].mean(), 'adapted',
+        rank(adapted)[held_out].mean())
+  assert rank(adapted)[held_out].mean() < rank(raw)[held_out].mean()
+  assert adapted['metrics']['mean_rank'] < raw['metrics']['mean_rank']
+  assert raw['mode'] == 'pairs' and raw['n_index'] == raw['n_queries'] == 96 and raw['adapter'] is None
+  assert adapted['similarity'] == 'cosine of adapted features' and adapted['vector_dim'] == 256
+
+  # the outputs: results.json, topk.npz, contact sheets with relative paths that resolve
+  wd = tmp_path / 'adapted'
+  on_disk = json.load(open(wd / 'results.json'))
+  assert on_disk['metrics'] == adapted['metrics'] and len(on_disk['queries'][0]['results']) == 5
+  with np.load(wd / 'topk.npz') as z:
+    assert z['indices'].shape == (96, 5) and (z['partner_ranks'] == rank(adapted)).all()
+  assert (wd / 'sheet.png').stat().st_size > 10000
+  page = (wd / 'sheet.html').read_text()
+  srcs = [s.split('"')[0] for s in page.split('src="')[1:]]
+  assert len(srcs) == 4 * 6 and all(not s.startswith('/') for s in srcs)
+  assert all(os.path.exists(os.path.join(wd, s)) for s in srcs)
+
+
+def test_cli_plain_folder_and_query_files(pairs96, tmp_path):
+  folder, cache = pairs96
+  right = os.path.join(folder, 'right')
+  files = [os.path.join(right, '00003.png'), os.path.join(folder, 'left', '00003.png')]
+  s = search.run(right, files, k=3, out=str(tmp_path / 'q'), cache_dir=cache, progress=False, verbose=False,
+                 formats=('html',))
+  assert s['mode'] == 'folder' and s['n_queries'] == 2 and s['metrics'] is None
+  assert '00003.png' not in [r['name'] for r in s['queries'][0]['results']]  # a query in the index is not its own match
+  assert (tmp_path / 'q' / 'sheet.html').exists() and not (tmp_path / 'q' / 'sheet.png').exists()
+  loo = search.run(right, ['all'], k=4, out=str(tmp_path / 'all'), cache_dir=cache, progress=False, verbose=False,
+                   formats=())
+  assert loo['n_queries'] == 96 and all(q['query'] != r['path'] for q in loo['queries'] for r in q['results'])
+
+
+def test_bad_input_fails_early(pairs96, lite0, tmp_path):
+  folder, cache = pairs96
+  out = tmp_path / 'out'
+  with pytest.raises(FileNotFoundError, match='--folder: .*nope'):
+    search.run(str(tmp_path / 'nope'), ['all'], out=str(out))
+  with pytest.raises(FileNotFoundError, match='--query: .*missing.png'):
+    search.run(folder, [str(tmp_path / 'missing.png')], out=str(out), cache_dir=cache, progress=False)
+  with pytest.raises(ValueError, match='--k'):
+    search.run(folder, ['all'], k=0, out=str(out))
+  with pytest.raises(ValueError, match='config.layers'):
+    search.run(folder, ['all'], layers='no_such_stage', out=str(out), cache_dir=cache)
+  rng = np.random.RandomState(0)
+  meta = dict(export.backbone_meta(lite0), weights_sha256='0' * 64)
+  bad = export.save_adapter(str(tmp_path / 'bad.npz'), rng.randn(1776), rng.randn(1776, 4), np.ones(4),
+                            rng.randn(4, 8), meta=meta)
+  with pytest.raises(ValueError, match='bad.npz: meta.weights_sha256'):
+    search.run(folder, ['all'], adapter=bad, out=str(out), cache_dir=cache)
+  assert not out.exists()
