@@ -82,3 +82,16 @@ def test_vmapped_training_learns_each_context_and_masks_padding():
     assert acc > 0.75, (k, acc)
   emb_all, _ = tr.predict_all(state.params, jnp.asarray(f), ref, a, b)
   assert emb_all.shape == (2, 60)
+
+
+def test_predict_matches_the_plain_formulas():
+  rng = np.random.RandomState(3)
+  f = jnp.asarray(rng.randn(20, 5).astype(np.float32))
+  hp = tr.Hparams(embed_dim=4, hidden=6)
+  params = tr.init(jax.random.PRNGKey(0), 5, hp)
+  ref, a, b = (jnp.asarray(rng.randint(0, 20, 37)) for _ in range(3))
+  emb, rank = tr.predict(params, f, ref, a, b, True, 8)   # chunk 8: 37 = 4 chunks + a remainder
+  er, ea, eb = (tr.embed(params, f[i]) for i in (ref, a, b))
+  logits = tr.rank_logits(params, er, ea, eb)
+  np.testing.assert_array_equal(rank, np.sign(logits[:, 0] - logits[:, 1]))
+  np.testing.assert_array_equal(emb, np.sign(tr.sq_dist(er, eb) - tr.sq_dist(er, ea)))

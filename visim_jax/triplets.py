@@ -166,17 +166,27 @@ def train(hp: Hparams, feats: jax.Array, sets: Batch) -> tuple[State, jax.Array]
   return jax.vmap(one)(jnp.arange(sets.ref.shape[0]), sets)
 
 
-def predict(params: dict, feats: jax.Array, ref, a, b, normalize: bool = True):
+def predict(params: dict, feats: jax.Array, ref, a, b, normalize: bool = True, chunk: int | None = None):
   """(embedding votes, ranking-block votes), each (n,) int8 in {+1: A closer, -1: B closer, 0: tie}.
 
-  The feature table is embedded once; the triples gather rows of it.
+  The feature table is embedded once, and the ranking block's first layer applied once per image (it is
+  linear in the concatenation: [e_R, e_A, e_B] W1 = e_R W1_R + e_A W1_A + e_B W1_B); the triples then gather
+  rows, `chunk` triples at a time (bounded memory for millions of triples).
   """
   e = embed(params, feats)
-  er, ea, eb = e[ref], e[a], e[b]
-  emb = jnp.sign(sq_dist(er, eb, normalize) - sq_dist(er, ea, normalize)).astype(jnp.int8)
-  logits = rank_logits(params, er, ea, eb)
-  rank = jnp.sign(logits[:, 0] - logits[:, 1]).astype(jnp.int8)
-  return emb, rank
+  en = e / jnp.maximum(jnp.linalg.norm(e, axis=-1, keepdims=True), 1e-12) if normalize else e
+  p = params['rank']
+  d = e.shape[1]
+  pr, pa, pb = e @ p['w1'][:d], e @ p['w1'][d:2 * d], e @ p['w1'][2 * d:]
+
+  def one(t):
+    r, x, y = t
+    emb = jnp.sign(sq_dist(en[r], en[y], False) - sq_dist(en[r], en[x], False)).astype(jnp.int8)
+    logits = jax.nn.relu(pr[r] + pa[x] + pb[y] + p['b1']) @ p['w2'] + p['b2']
+    return emb, jnp.sign(logits[..., 0] - logits[..., 1]).astype(jnp.int8)
+
+  chunk = chunk or (1024 if jax.default_backend() == 'cpu' else 16384)
+  return jax.lax.map(one, (jnp.asarray(ref), jnp.asarray(a), jnp.asarray(b)), batch_size=chunk)
 
 
 def predict_all(params: dict, feats: jax.Array, ref, a, b, normalize: bool = True):

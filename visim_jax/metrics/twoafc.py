@@ -42,18 +42,36 @@ def votes(s_ra: jax.Array, s_rb: jax.Array) -> jax.Array:
   return jnp.sign(s_ra - s_rb).astype(jnp.int8)
 
 
-@jax.jit
-def cosine_pair_scores(feats: jax.Array, ref: jax.Array, a: jax.Array, b: jax.Array):
-  """(cos(R, A), cos(R, B)) for rows of a feature table (normalised once per image, then gathered)."""
+def default_chunk() -> int:
+  """Triples per gather step: small on CPU (the gathered rows stay in cache), large on accelerators."""
+  return 1024 if jax.default_backend() == 'cpu' else 65536
+
+
+def cosine_pair_scores(feats: jax.Array, ref: jax.Array, a: jax.Array, b: jax.Array, chunk: int | None = None):
+  return _cosine_pair_scores(feats, ref, a, b, chunk or default_chunk())
+
+
+@functools.partial(jax.jit, static_argnames='chunk')
+def _cosine_pair_scores(feats: jax.Array, ref: jax.Array, a: jax.Array, b: jax.Array, chunk: int):
+  """(cos(R, A), cos(R, B)) for rows of a feature table: normalised once per image, then gathered `chunk`
+  triples at a time (bounded memory for millions of triples)."""
   f = normalize(feats.astype(jnp.float32))
-  r = f[ref]
-  return jnp.sum(r * f[a], -1), jnp.sum(r * f[b], -1)
+
+  def one(t):
+    r = f[t[0]]
+    return jnp.sum(r * f[t[1]], -1), jnp.sum(r * f[t[2]], -1)
+  return jax.lax.map(one, (ref, a, b), batch_size=chunk)
 
 
-@jax.jit
-def cosine_scores(feats: jax.Array, ref: jax.Array, a: jax.Array, b: jax.Array, a_closer: jax.Array):
+def cosine_scores(feats: jax.Array, ref: jax.Array, a: jax.Array, b: jax.Array, a_closer: jax.Array,
+                  chunk: int | None = None):
   """Per-triple 2AFC scores of cosine similarity on a feature table: the jitted evaluation path."""
-  s_ra, s_rb = cosine_pair_scores(feats, ref, a, b)
+  return _cosine_scores(feats, ref, a, b, a_closer, chunk or default_chunk())
+
+
+@functools.partial(jax.jit, static_argnames='chunk')
+def _cosine_scores(feats, ref, a, b, a_closer, chunk: int):
+  s_ra, s_rb = _cosine_pair_scores(feats, ref, a, b, chunk)
   return score(s_ra, s_rb, a_closer)
 
 
