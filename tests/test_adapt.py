@@ -188,3 +188,21 @@ def test_two_processes_equal_one(tmp_path):
   got = np.load(tmp_path / 'out.npz')
   assert int(got['processes']) == 2 and int(got['devices']) == 4
   _check_same(got, _one_device_reference())
+
+
+@pytest.mark.parametrize('family', ['clip_vit_b32', 'clip_rn50', 'dinov2_s14', 'vit_b16', 'resnet50',
+                                    'regnet_y_040'])
+def test_any_backbone_family_on_demo_pairs(tmp_path, tmp_path_factory, family):
+  pytest.importorskip('transformers')
+  from visim_jax.data import demo
+  root = tmp_path_factory.getbasetemp() / 'demo_small'
+  c = demo_config.get_config()
+  c.demo.root, c.demo.n_pairs = str(root), 24
+  demo.demo_pairs(c.demo.root, c.demo.n_pairs, c.demo.seed)
+  c.backbone, c.backbone_kwargs.tiny = family, True
+  c.cache_dir = str(tmp_path_factory.getbasetemp() / 'cache_small')
+  c.flip, c.runs, c.epochs, c.pca_dim, c.adapt_dim, c.ks, c.checkpoint, c.plots = (
+      False, 2, 3, 16, 32, (1, 5), False, False)
+  m = adapt.run(c, str(tmp_path / 'wd'), progress=False)
+  assert m['backbone'] == family and m['n_test'] == 6
+  assert 0.0 <= m['results']['aR@1']['adapted_last_epoch']['mean'] <= 1.0

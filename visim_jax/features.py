@@ -59,16 +59,21 @@ def layer_dims(backbone: Backbone, layers: Sequence[str]) -> dict[str, int]:
 
 
 def make_extract_fn(backbone: Backbone, layers: Sequence[str], dtype=jnp.float32):
-  """A jitted uint8 NHWC batch -> (N, D) float32 pooled features; variables are an argument (not baked in)."""
+  """A jitted uint8 NHWC batch -> (N, D) float32 pooled features; variables are an argument (not baked in).
+
+  Cached on the backbone object, so repeated extractions (left, right, flipped...) compile once.
+  """
   layers = tuple(layers)
-
-  @jax.jit
-  def fn(variables, images):
-    b = Backbone(backbone.name, backbone.apply_fn, variables, backbone.preprocess, layers, backbone.weights_id)
-    _, stages = b(images, dtype)
-    return pool(stages, layers)
-
-  return fn
+  cache = backbone.__dict__.setdefault('_extract_fns', {})
+  key = (layers, jnp.dtype(dtype).name)
+  if key not in cache:
+    @jax.jit
+    def fn(variables, images):
+      b = Backbone(backbone.name, backbone.apply_fn, variables, backbone.preprocess, layers, backbone.weights_id)
+      _, stages = b(images, dtype)
+      return pool(stages, layers)
+    cache[key] = fn
+  return cache[key]
 
 
 def extract(backbone: Backbone, paths: Sequence[str], layers: Sequence[str] | None = None,
