@@ -145,16 +145,21 @@ def test_cli_adapter_ranks_partners_higher(pairs96, lite0, tmp_path):
 
 def test_cli_plain_folder_and_query_files(pairs96, tmp_path):
   folder, cache = pairs96
-  right = os.path.join(folder, 'right')
-  files = [os.path.join(right, '00003.png'), os.path.join(folder, 'left', '00003.png')]
-  s = search.run(right, files, k=3, out=str(tmp_path / 'q'), cache_dir=cache, progress=False, verbose=False,
+  plain = tmp_path / 'plain'
+  os.makedirs(plain)
+  for name in sorted(os.listdir(os.path.join(folder, 'right')))[:12]:
+    os.symlink(os.path.join(folder, 'right', name), plain / name)
+  files = [str(plain / '00003.png'), os.path.join(folder, 'left', '00003.png')]
+  s = search.run(str(plain), files, k=3, out=str(tmp_path / 'q'), cache_dir=cache, progress=False, verbose=False,
                  formats=('html',))
-  assert s['mode'] == 'folder' and s['n_queries'] == 2 and s['metrics'] is None
+  assert s['mode'] == 'folder' and s['n_queries'] == 2 and s['metrics'] is None and s['n_index'] == 12
   assert '00003.png' not in [r['name'] for r in s['queries'][0]['results']]  # a query in the index is not its own match
+  assert s['queries'][1]['results'][0]['name'] == '00003.png'  # the left image finds its partner
   assert (tmp_path / 'q' / 'sheet.html').exists() and not (tmp_path / 'q' / 'sheet.png').exists()
-  loo = search.run(right, ['all'], k=4, out=str(tmp_path / 'all'), cache_dir=cache, progress=False, verbose=False,
-                   formats=())
-  assert loo['n_queries'] == 96 and all(q['query'] != r['path'] for q in loo['queries'] for r in q['results'])
+  loo = search.run(str(plain), ['all'], k=20, out=str(tmp_path / 'all'), cache_dir=cache, progress=False,
+                   verbose=False, formats=())
+  assert loo['n_queries'] == 12 and loo['k'] == 11  # k is capped at the index size minus the query itself
+  assert all(q['query'] != r['path'] for q in loo['queries'] for r in q['results'])
 
 
 def test_bad_input_fails_early(pairs96, lite0, tmp_path):

@@ -7,7 +7,8 @@ r"""Look-alike search: index a folder of images, answer query images with their 
 Similarity is the cosine of the pooled backbone features (paper 001, Sec. 3) or, with --adapter, of the adapted
 vectors relu(((x - mean) @ components * scale) @ w) (visim_jax/export.py). A folder holding left/ and right/
 (the TLL layout, e.g. the demo pairs) is a *pairs folder*: right/ is indexed and `--query=all` asks every
-left image for its look-alikes and reports where its partner (the same file name in right/) ranks. In a
+left image for its look-alikes and reports where its partner (the same file name in right/) ranks; its
+features share the adaptation experiment's cache entries (same tags and names, same --cache_dir). In a
 plain folder `--query=all` asks every indexed image for its look-alikes among the others (itself excluded).
 
 The math (pure, jitted): the index is the L2-normalised (N, D) matrix, split along N into one shard per
@@ -287,8 +288,8 @@ def pairs_features(backbone, folder: str, cache_dir: str | None, layers=None, ba
   from visim_jax.data import pairs as pairs_lib
   pairs = pairs_lib.load_pairs(folder)
   kw = dict(cache_dir=cache_dir, layers=layers, batch_size=batch_size, dtype=dtype, progress=progress)
-  right = features_of(backbone, pairs.right, os.path.join(folder, 'right'), tag='search-index', **kw)
-  left = features_of(backbone, pairs.left, os.path.join(folder, 'left'), tag='search-query', **kw)
+  right = features_of(backbone, pairs.right, os.path.join(folder, 'right'), tag='right', **kw)
+  left = features_of(backbone, pairs.left, os.path.join(folder, 'left'), tag='left', **kw)
   return left, right, list(pairs.names), list(pairs.left), list(pairs.right)
 
 
@@ -427,11 +428,12 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
     index_paths, index_root = images_lib.list_images(folder), folder
   index_names = [os.path.relpath(p, index_root) for p in index_paths]
   query_paths = None if all_mode else _expand_queries(query)
-  index_feats = features_of(bb, index_paths, index_root, tag='search-index', **fkw)
+  # pairs folders use the adaptation experiment's cache tags and names: searching after training is free
+  index_feats = features_of(bb, index_paths, index_root, tag='right' if pairs_mode else 'search-index', **fkw)
   exclude = None
   if all_mode and pairs_mode:
     query_paths = list(pairs.left)
-    query_feats = features_of(bb, query_paths, os.path.join(folder, 'left'), tag='search-query', **fkw)
+    query_feats = features_of(bb, query_paths, os.path.join(folder, 'left'), tag='left', **fkw)
     partner = np.arange(len(query_paths), dtype=np.int32)  # load_pairs keeps left[i] <-> right[i]
   elif all_mode:
     query_paths, query_feats = index_paths, index_feats
