@@ -1,0 +1,283 @@
+r"""Builds the notebooks in colabs/ from the cells below (so they stay reviewable as Python), outputs cleared.
+
+  python colabs/make_notebooks.py            # rewrites colabs/*.ipynb
+  python colabs/make_notebooks.py --check    # fails if a committed notebook differs from what this script makes
+
+Every notebook: (1) a setup cell that, on Colab only ('google.colab' in sys.modules), clones the repository and
+pip-installs the package, and elsewhere uses this checkout; (2) the experiment's small `:local` config
+(`get_config('local')`), shrunk further when VISIM_NOTEBOOK_SMALL=1 (tests/test_colabs.py sets it); (3) the
+run through `visim_jax.main.run(config, workdir)` (the same function the command line runs), which prints the
+experiment's own console tables; (4) the metrics table and the experiment's PNG plots inline.
+The package is imported, never copied.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+SETUP = r'''# Setup. On Colab: clone the repository and install the package (its dependencies come from PyPI).
+# Elsewhere: use the checkout this notebook sits in. Either way the package is imported, never copied.
+import os, sys, subprocess
+REPO_URL = os.environ.get('VISIM_REPO_URL', 'https://github.com/OWNER/visim_jax')  # EDIT: the project's repository
+if 'google.colab' in sys.modules:
+    REPO = '/content/visim_jax'
+    if not os.path.isdir(REPO):
+        subprocess.check_call(['git', 'clone', '--depth=1', REPO_URL, REPO])
+    subprocess.check_call([sys.executable, '-m', 'pip', 'install', '-q', '-e', REPO])
+else:
+    REPO = os.getcwd()
+    while not os.path.isdir(os.path.join(REPO, 'configs')) and os.path.dirname(REPO) != REPO:
+        REPO = os.path.dirname(REPO)  # from colabs/ up to the repository root
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)  # an editable install is only seen by a restarted kernel
+os.chdir(REPO)
+print('repository:', REPO)'''
+
+COMMON = r'''import glob, importlib.util, json, tempfile
+import jax
+from IPython.display import Image, display
+from visim_jax import main as visim_main, report
+
+SMALL = os.environ.get('VISIM_NOTEBOOK_SMALL') == '1'   # tests: even smaller sizes
+CACHE = os.environ.get('VISIM_CACHE', os.path.expanduser('~/.cache/visim_jax'))  # demo images + feature cache
+WORKDIR = os.environ.get('VISIM_NOTEBOOK_WORKDIR') or tempfile.mkdtemp(prefix='visim_{name}_')
+
+def load_config(name, arg=None):
+    """configs/<name>.py:get_config(arg), locked like the command line's (a misspelt field fails)."""
+    spec = importlib.util.spec_from_file_location(f'config_{{name}}', os.path.join(REPO, 'configs', name + '.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(arg)
+    config.lock()
+    return config
+
+def show_plots(workdir):
+    for png in sorted(glob.glob(os.path.join(workdir, 'plots', '*.png'))):
+        print(os.path.relpath(png, workdir))
+        display(Image(filename=png, width=720))
+
+print('jax', jax.__version__, jax.devices(), '| small:', SMALL, '| workdir:', WORKDIR)'''
+
+
+def notebook(name: str, cells: list) -> nbformat.NotebookNode:
+  nb = new_notebook()
+  nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}
+  nb.metadata['language_info'] = {'name': 'python'}
+  nb.metadata['colab'] = {'provenance': [], 'toc_visible': True}
+  out = []
+  for kind, src in cells:
+    src = src.strip('\n')
+    out.append(new_markdown_cell(src) if kind == 'md' else new_code_cell(src))
+  for i, c in enumerate(out):
+    c['id'] = f'{name}-{i:02d}'  # stable ids: the generated file does not change from run to run
+  nb.cells = out
+  return nb
+
+
+def md(s):
+  return ('md', s)
+
+
+def code(s):
+  return ('code', s)
+
+
+def adaptation():
+  return notebook('adaptation', [
+      md('''# Adaptation of a frozen backbone to look-alike pairs (paper 001)
+
+Pooled multi-layer EfficientNet-Lite0 features, a PCA to a few hundred dimensions, then `a = ReLU(W d)` trained
+with the symmetric cross-entropy of the pairs' cosine similarities (Eq. 1), many runs at once (vmapped).
+This notebook runs `configs/demo.py:local` on the offline demo pairs (images that ship with scikit-image and
+scikit-learn), shows aR@k for raw / PCA / adapted features, the plots, and then uses the trained adapter for a
+look-alike search (`visim_jax.search`). Same code as
+`python -m visim_jax.main --config=configs/demo.py:local --workdir=W`. Docs: `docs/colabs.md`, `docs/search.md`.'''),
+      code(SETUP),
+      code(COMMON.format(name='adapt')),
+      md('## Config\n`get_config(\'local\')`, with a few fields overridden (every field of `configs/tll.py` applies).'),
+      code('''config = load_config('demo', 'local')
+config.cache_dir = os.path.join(CACHE, 'features')
+if SMALL:
+    config.demo.n_pairs = 72
+    config.runs, config.epochs, config.checkpoint_every = 2, 20, 10
+    config.pca_dim, config.adapt_dim = 64, 256
+    config.flip = False
+    config.sheet_queries = 4
+print(config)'''),
+      md('## Train and evaluate\nThe experiment prints its own table: aR@k, mean ± 2 std over runs.'),
+      code('metrics = visim_main.run(config, WORKDIR)'),
+      md('## Metrics\n`metrics.json` (schema in the README / `docs/`), as a table:'),
+      code('''rows = []
+for name, r in metrics['results'].items():
+    rows.append([name] + [f"{r[c]['mean']:.3f} ± {r[c]['two_std']:.3f}"
+                          for c in ('raw', 'pca', 'adapted_chosen_epoch', 'adapted_last_epoch')])
+print(report.table(rows, ['metric', 'raw', 'PCA', f"adapted@{metrics['chosen_epoch']['epoch']}",
+                          f"adapted@{metrics['epochs']}"]))
+print(json.dumps({k: metrics[k] for k in ('n_pairs', 'n_train', 'n_test', 'feature_dim', 'runs', 'epochs')}))'''),
+      md('## Plots'),
+      code('show_plots(WORKDIR)'),
+      md('''## Look-alike search with the trained adapter
+Run 0's adapter as one file (`visim_jax.export`; the experiment writes `adapter.npz` itself in recent
+versions, otherwise it is converted from the last checkpoint), then the demo right images are indexed and every
+left image asks for its look-alikes, with and without the adapter. Features come from the same cache.
+Command line: `python -m visim_jax.search --folder=DEMO --query=all --adapter=W/adapter.npz`.'''),
+      code('''from visim_jax import export, search
+from visim_jax.data import demo
+
+adapter = os.path.join(WORKDIR, 'adapter.npz')
+if not os.path.exists(adapter):
+    adapter = export.from_workdir(WORKDIR, run=0)
+folder = demo.demo_pairs(config.demo.root or None, config.demo.n_pairs, config.demo.seed)
+common = dict(k=5, cache_dir=config.cache_dir, sheet_queries=4 if SMALL else 8, sheet_k=5, progress=False,
+              verbose=False)
+raw = search.run(folder, ['all'], out=os.path.join(WORKDIR, 'search_raw'), **common)
+adapted = search.run(folder, ['all'], adapter=adapter, out=os.path.join(WORKDIR, 'search_adapted'), **common)
+keys = ['mean_rank', 'median_rank', 'mrr', 'recall@1', 'recall@5', 'recall@10']
+print(report.table([[name] + [s['metrics'][k] for k in keys] for name, s in (('raw', raw), ('adapted', adapted))],
+                   ['features'] + keys))
+print('(all pairs: the adapter was trained on', metrics['n_train'], 'of them)')
+display(Image(filename=os.path.join(WORKDIR, 'search_adapted', 'sheet.png'), width=720))'''),
+  ])
+
+
+def simnet():
+  return notebook('simnet', [
+      md('''# SimNet: a learned similarity network (paper 002)
+
+An MLP `g([x_i, x_j])` trained to score image pairs (Eq. 2: the target is the cosine similarity pushed up by
+delta for same-class pairs and down for different-class pairs), after a warm-up that imitates cosine on random
+vectors; SimNet* then refines on the difficult pairs. This notebook runs `configs/simnet_classes.py:local` on
+the demo pairs as a labelled set (18 source photos = classes) and compares SimNet's retrieval (mAP, mP@k,
+recall@k) with cosine; then the warm-up alone (`configs/simnet_warmup.py:local`, Table 1's MSE / rho).
+Same code as `python -m visim_jax.main --config=configs/simnet_classes.py:local --workdir=W`.'''),
+      code(SETUP),
+      code(COMMON.format(name='simnet')),
+      md('## Config'),
+      code('''config = load_config('simnet_classes', 'local')
+config.cache_dir = os.path.join(CACHE, 'features')
+if SMALL:
+    config.demo.n_pairs = 72
+    config.warmup_steps, config.steps, config.refine_steps = 20, 40, 20
+    config.checkpoint_every = 20
+print(config)'''),
+      md('## Train and evaluate'),
+      code("metrics = visim_main.run(config, os.path.join(WORKDIR, 'classes'))"),
+      md('## Metrics'),
+      code('''def flat(d, prefix=''):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat(v, f'{prefix}{k}.'))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f'{prefix}{k}'] = v
+    return out
+
+print(report.table([[k, float(v)] for k, v in flat(metrics['results']).items()], ['results', 'value']))'''),
+      md('## Plots'),
+      code("show_plots(os.path.join(WORKDIR, 'classes'))"),
+      md('## Warm-up alone (Table 1: how well g imitates cosine on random pairs)'),
+      code('''warm = load_config('simnet_warmup', 'local')
+if SMALL:
+    warm.warmup_steps = 100
+warm_metrics = visim_main.run(warm, os.path.join(WORKDIR, 'warmup'))
+print(report.table([[k, float(v)] for k, v in flat(warm_metrics.get('warmup', {})).items()], ['warm-up', 'value']))
+show_plots(os.path.join(WORKDIR, 'warmup'))'''),
+  ])
+
+
+def histograms():
+  return notebook('histograms', [
+      md('''# Histogram metrics of a representation (paper 003, "Beyond Accuracy")
+
+For each class: the histograms of cosine similarities of intra-class and inter-class pairs, their overlap
+(lower is better), the max overlap, aSTD, and kNN accuracy; per level of a class tree as well. This notebook
+runs `configs/histograms.py:local` on the demo set's classes with EfficientNet-Lite0 features.
+Same code as `python -m visim_jax.main --config=configs/histograms.py:local --workdir=W`.'''),
+      code(SETUP),
+      code(COMMON.format(name='histograms')),
+      md('## Config'),
+      code('''config = load_config('histograms', 'local')
+config.cache_dir = os.path.join(CACHE, 'features')
+if SMALL:
+    config.demo.n_pairs = 36
+print(config)'''),
+      md('## Compute the metrics'),
+      code('metrics = visim_main.run(config, WORKDIR)'),
+      md('## Metrics'),
+      code('''m = metrics['metrics']
+rows = [[k, float(v)] for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+print(report.table(rows, ['metric', 'value']))
+print('hardest classes:', metrics['hardest_classes'])
+print('easiest classes:', metrics['easiest_classes'])'''),
+      md('## Plots'),
+      code('show_plots(WORKDIR)'),
+  ])
+
+
+def twoafc():
+  return notebook('twoafc', [
+      md('''# CoSIS 2AFC: context-sensitive similarity (paper 004)
+
+Two-alternative forced choice on CoSIS triplets: which of two images is closer to the reference? One small head
+per context trained at once (vmapped), then ensembles (majority vote, PCA credibility maps, MLP weights).
+Offline, `configs/twoafc.py:local` uses the real CoSIS annotation files when `../shared/data/cosis` exists (a
+synthetic CoSIS-format set otherwise) with **stand-in random features**: the accuracies are chance by
+construction, the run checks the pipeline. Real numbers need `config.image_dir` (BG-20k) or
+`config.features`. Same code as `python -m visim_jax.main --config=configs/twoafc.py:local --workdir=W`.'''),
+      code(SETUP),
+      code(COMMON.format(name='twoafc')),
+      md('## Config'),
+      code('''config = load_config('twoafc', 'local')
+if SMALL:
+    config.model.steps, config.ensemble.mlp_steps, config.n_boot = 40, 40, 20
+print(config)'''),
+      md('## Train and evaluate'),
+      code('metrics = visim_main.run(config, WORKDIR)'),
+      md('## Metrics'),
+      code('''print('features:', metrics['features'])
+def scalars(d, prefix=''):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(scalars(v, f'{prefix}{k}.'))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f'{prefix}{k}'] = v
+    return out
+rows = [[k, float(v)] for k, v in scalars({'cosine_baseline': metrics['cosine_baseline'],
+                                          'ensembles': metrics['ensembles']}).items()]
+print(report.table(rows[:40], ['metric', 'value']))'''),
+      md('## Plots'),
+      code('show_plots(WORKDIR)'),
+  ])
+
+
+NOTEBOOKS = {'adaptation': adaptation, 'simnet': simnet, 'histograms': histograms, 'twoafc': twoafc}
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--check', action='store_true', help='compare with the committed notebooks instead of writing')
+  a = ap.parse_args(argv)
+  stale = []
+  for name, make in NOTEBOOKS.items():
+    path = os.path.join(HERE, f'{name}.ipynb')
+    text = nbformat.writes(make()) + '\n'
+    if a.check:
+      if not os.path.exists(path) or open(path).read() != text:
+        stale.append(path)
+    else:
+      with open(path, 'w') as f:
+        f.write(text)
+      print('wrote', path)
+  if stale:
+    sys.exit(f'out of date (run python colabs/make_notebooks.py): {", ".join(stale)}')
+
+
+if __name__ == '__main__':
+  main()
