@@ -63,6 +63,10 @@ def test_topk_and_partner_ranks_equal_brute_force():
   # k up to the whole index; bfloat16 storage keeps the order of well-separated scores
   _, i_all = search.search(index, q, 103)
   np.testing.assert_array_equal(i_all, order)
+  bf16 = search.build_index(db, block=32, dtype='bfloat16')
+  near = db[:20] + 0.01 * np.random.RandomState(2).randn(20, 16).astype(np.float32)
+  _, i_bf = search.search(bf16, near, 1)
+  assert (i_bf[:, 0] == np.arange(20)).all()
   with pytest.raises(ValueError, match='--k=104'):
     search.search(index, q, 104)
   with pytest.raises(ValueError, match='16-d'):
