@@ -18,6 +18,8 @@ Documentation: docs/histograms.md. `:local` is a smaller, faster mode (fewer dem
 """
 import ml_collections
 
+from visim_jax.backbones import config as backbone_config
+
 
 def get_config(arg=None):
   c = ml_collections.ConfigDict()
@@ -30,12 +32,9 @@ def get_config(arg=None):
   c.demo = ml_collections.ConfigDict({'root': '', 'n_pairs': 192, 'seed': 0})
 
   # features (image sources)
-  c.backbone = 'efficientnet_lite0'
-  c.backbone_kwargs = ml_collections.ConfigDict({'weights': '', 'random_init': -1, 'tiny': False})
-  c.layers = ''                # comma-separated stage names; '' = the backbone's default pooled layers
-  c.image_batch_size = 32
-  c.dtype = 'float32'          # backbone compute dtype: 'float32' | 'bfloat16'
-  c.cache_dir = ''             # '' = ~/.cache/visim_jax/features
+  # backbone, backbone_kwargs.{weights,random_init,tiny}, layers ('' = its default pooled stages),
+  # image_batch_size, dtype ('float32' | 'bfloat16'), cache_dir ('' = ~/.cache/visim_jax/features)
+  backbone_config.add_fields(c)
 
   # method (paper Sec. 3, 9.1)
   c.normalization = 'target'   # 'none' | 'target' (this set's mean/std, the paper's default) | 'source'

@@ -10,6 +10,8 @@ small quick mode (3 runs x 30 epochs). Precomputed features: --config.dataset=fe
 """
 import ml_collections
 
+from visim_jax.backbones import config as backbone_config
+
 
 def get_config(arg=None):
   c = ml_collections.ConfigDict()
@@ -21,12 +23,9 @@ def get_config(arg=None):
   c.demo = ml_collections.ConfigDict({'root': '', 'n_pairs': 192, 'seed': 0})
 
   # features
-  c.backbone = 'efficientnet_lite0'
-  c.backbone_kwargs = ml_collections.ConfigDict({'weights': '', 'random_init': -1, 'tiny': False})
-  c.layers = ''                # comma-separated stage names; '' = the backbone's default pooled layers
-  c.image_batch_size = 32
-  c.dtype = 'float32'          # backbone compute dtype: 'float32' | 'bfloat16'
-  c.cache_dir = ''             # '' = ~/.cache/visim_jax/features
+  # backbone, backbone_kwargs.{weights,random_init,tiny}, layers ('' = its default pooled stages),
+  # image_batch_size, dtype ('float32' | 'bfloat16'), cache_dir ('' = ~/.cache/visim_jax/features)
+  backbone_config.add_fields(c)
   c.flip = True                # mirrored images as a second training view (reference code)
 
   # method

@@ -14,6 +14,8 @@ pipeline: on the real annotations their accuracies are chance by construction (m
 """
 import ml_collections
 
+from visim_jax.backbones import config as backbone_config
+
 
 def get_config(arg=None):
   c = ml_collections.ConfigDict()
@@ -24,12 +26,9 @@ def get_config(arg=None):
   c.stand_in_dim = 128         # stand-in features (neither features nor image_dir)
 
   # backbone (image_dir only)
-  c.backbone = 'efficientnet_lite0'
-  c.backbone_kwargs = ml_collections.ConfigDict({'weights': '', 'random_init': -1, 'tiny': False})
-  c.layers = ''
-  c.image_batch_size = 32
-  c.dtype = 'float32'
-  c.cache_dir = ''
+  # backbone, backbone_kwargs.{weights,random_init,tiny}, layers ('' = its default pooled stages),
+  # image_batch_size, dtype ('float32' | 'bfloat16'), cache_dir ('' = ~/.cache/visim_jax/features)
+  backbone_config.add_fields(c)
 
   # context-sensitive models (one head per dist_<ref> set, all trained in one vmapped program)
   c.model = ml_collections.ConfigDict({

@@ -39,7 +39,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp

@@ -19,16 +19,15 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from tqdm.auto import tqdm
 
 from visim_jax import features as features_lib
 from visim_jax import report, sharding, train
+from visim_jax.backbones import config as backbone_config
 from visim_jax.data import demo as demo_lib
 from visim_jax.data import pairs as pairs_lib
-from visim_jax.metrics import retrieval
 
 DATASETS = ('tll', 'demo', 'features')
 
@@ -55,8 +54,6 @@ def validate_config(config) -> None:
   need(config.epochs >= 1, 'epochs', 'must be >= 1')
   need(config.checkpoint_every >= 1, 'checkpoint_every', 'must be >= 1')
   need(len(config.ks) >= 1 and all(int(k) >= 1 for k in config.ks), 'ks', 'positive integers')
-  need(config.dtype in ('float32', 'bfloat16'), 'dtype', "'float32' or 'bfloat16'")
-  need(config.image_batch_size >= 1, 'image_batch_size', 'must be >= 1')
   if config.dataset == 'tll':
     need(bool(config.data_dir), 'data_dir', 'the TLL folder (with left/ and right/) is required for dataset=tll')
   if config.dataset == 'features':
@@ -64,15 +61,6 @@ def validate_config(config) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ data
-
-def backbone_kwargs(config) -> dict:
-  """The options of config.backbone_kwargs that are set ('' / -1 / False mean 'not set')."""
-  out = {}
-  for k, v in config.backbone_kwargs.items():
-    if v is None or v == '' or (isinstance(v, bool) and not v) or (k == 'random_init' and v < 0):
-      continue
-    out[k] = v
-  return out
 
 
 def load_features(config, progress: bool = True):
@@ -97,20 +85,14 @@ def load_features(config, progress: bool = True):
     pairs = pairs_lib.load_pairs(root)
   else:
     pairs = pairs_lib.load_pairs(config.data_dir, config.subset or None)
-  from visim_jax.backbones import get_backbone  # deferred: transformers is heavy
-  backbone = get_backbone(config.backbone, **backbone_kwargs(config))
-  layers = tuple(l.strip() for l in config.layers.split(',') if l.strip()) or backbone.layers
-  features_lib.layer_dims(backbone, layers)  # unknown layer names fail here, before any extraction
-  cache_dir = config.cache_dir or os.path.join(os.path.expanduser('~'), '.cache', 'visim_jax', 'features')
-  common = dict(cache_dir=cache_dir, layers=layers, batch_size=config.image_batch_size, dtype=config.dtype,
-                progress=progress)
-  get = lambda paths, tag, flip=False: features_lib.cached_features(
-      backbone, paths, names=pairs.names, tag=tag, flip=flip, **common)
+  backbone, layers = backbone_config.build(config)
+  get = lambda paths, tag, flip=False: backbone_config.features_of(
+      config, backbone, layers, paths, pairs.names, tag, flip, progress)
   left, right = get(pairs.left, 'left'), get(pairs.right, 'right')
   flips = (get(pairs.left, 'left', True), get(pairs.right, 'right', True)) if config.flip else (None, None)
   pairs_lib.check_feature_pairs(left, right, pairs.names, source=f'{config.backbone} features')
-  desc = {'backbone': backbone.name, 'weights_sha256': backbone.weights_id, 'layers': list(layers),
-          'image_size': backbone.preprocess.size, 'preprocessing': backbone.preprocess.describe(), 'root': os.path.abspath(config.data_dir) if config.dataset == 'tll' else root}
+  desc = {**backbone_config.describe(backbone, layers),
+          'root': os.path.abspath(config.data_dir) if config.dataset == 'tll' else root}
   return train.Features(left, right, *flips), pairs.names, (pairs.left, pairs.right), desc
 
 

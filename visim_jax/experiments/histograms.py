@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from visim_jax import features as features_lib
 from visim_jax import report
+from visim_jax.backbones import config as backbone_config
 from visim_jax.data import classes as classes_lib
 from visim_jax.metrics import histograms as H
 
@@ -90,16 +91,9 @@ def options(config) -> H.Options:
 # ------------------------------------------------------------------------------------------------ data
 
 def _backbone(config):
-  from visim_jax.backbones import get_backbone  # deferred: heavy imports
-  from visim_jax.experiments.adapt import backbone_kwargs
-  backbone = get_backbone(config.backbone, **backbone_kwargs(config))
-  layers = tuple(l.strip() for l in config.layers.split(',') if l.strip()) or backbone.layers
-  features_lib.layer_dims(backbone, layers)  # unknown layer names fail here, before any extraction
-  return backbone, layers
+  return backbone_config.build(config)
 
 
-def _cache_dir(config) -> str:
-  return config.cache_dir or os.path.join(os.path.expanduser('~'), '.cache', 'visim_jax', 'features')
 
 
 def tfds_features(config, progress: bool = True):
@@ -115,7 +109,7 @@ def tfds_features(config, progress: bool = True):
               'backbone': backbone.name, 'weights_sha256': backbone.weights_id, 'layers': list(layers),
               'preprocessing': backbone.preprocess.describe(), 'dtype': config.dtype,
               'image_key': t.image_key, 'label_key': t.label_key}
-  path = features_lib.cache_path(_cache_dir(config), f'tfds-{t.name.replace("/", "_")}-{t.split}', manifest)
+  path = features_lib.cache_path(backbone_config.cache_dir(config), f'tfds-{t.name.replace("/", "_")}-{t.split}', manifest)
   desc = {'tfds': t.name, 'split': t.split, 'backbone': backbone.name, 'layers': list(layers), 'cache': path}
   hit = features_lib.read_cache(path, manifest)
   if hit is not None:
@@ -158,7 +152,7 @@ def load_data(config, progress: bool = True):
     data = classes_lib.image_folder(config.data_dir)
     tag = 'classes-' + os.path.basename(os.path.normpath(config.data_dir))
   backbone, layers = _backbone(config)
-  feats = features_lib.cached_features(backbone, data.paths, _cache_dir(config), layers=layers, tag=tag,
+  feats = features_lib.cached_features(backbone, data.paths, backbone_config.cache_dir(config), layers=layers, tag=tag,
                                        batch_size=config.image_batch_size, dtype=config.dtype, progress=progress)
   desc = {'images': len(data.paths), 'backbone': backbone.name, 'weights_sha256': backbone.weights_id,
           'layers': list(layers), 'empty_class_folders': data.empty_classes,

@@ -50,6 +50,7 @@ from absl import logging
 from tqdm.auto import tqdm
 
 from visim_jax import report, simnet
+from visim_jax.backbones import config as backbone_config
 from visim_jax.metrics import map as map_lib
 from visim_jax.metrics import retrieval as retrieval_metrics
 
@@ -68,12 +69,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.features = ''
   c.demo = ml_collections.ConfigDict({'root': '', 'n_pairs': 192, 'seed': 0})
   # features
-  c.backbone = 'efficientnet_lite0'
-  c.backbone_kwargs = ml_collections.ConfigDict({'weights': '', 'random_init': -1, 'tiny': False})
-  c.layers = ''
-  c.image_batch_size = 32
-  c.dtype = 'float32'
-  c.cache_dir = ''
+  backbone_config.add_fields(c)
   c.pca_dim = 0                # 0: no PCA; else PCA fitted on the training vectors
   c.normalize = True           # L2-normalise vectors before SimNet (after PCA)
   # model + loss
@@ -169,16 +165,8 @@ def _arch(a):
 
 def _backbone_features(config, groups, progress):
   """groups: [(paths, names, tag)] -> list of (N, D) arrays from the feature cache; plus a description."""
-  from visim_jax import features as features_lib
-  from visim_jax.backbones import get_backbone
-  # unset options ('' / -1 / False) are left out: not every backbone factory takes every option
-  kwargs = {k: v for k, v in config.backbone_kwargs.items() if v not in ('', None, -1) and v is not False}
-  backbone = get_backbone(config.backbone, **kwargs)
-  layers = tuple(l.strip() for l in config.layers.split(',') if l.strip()) or backbone.layers
-  features_lib.layer_dims(backbone, layers)
-  cache_dir = config.cache_dir or os.path.join(os.path.expanduser('~'), '.cache', 'visim_jax', 'features')
-  out = [features_lib.cached_features(backbone, paths, cache_dir, layers=layers, names=names, tag=tag,
-                                      batch_size=config.image_batch_size, dtype=config.dtype, progress=progress)
+  backbone, layers = backbone_config.build(config)
+  out = [backbone_config.features_of(config, backbone, layers, paths, names, tag, progress=progress)
          for paths, names, tag in groups]
   return out, {'backbone': backbone.name, 'weights_sha256': backbone.weights_id, 'layers': list(layers)}
 

@@ -170,16 +170,10 @@ def load_features(config, sets, folder: str, synthetic: bool, progress: bool = T
   if config.image_dir:
     names = tdata.read_filename_dict(os.path.join(folder, 'filename_dict.txt'))
     paths = tdata.resolve_images(all_triplets(sets), names, config.image_dir)  # every file checked first
-    from visim_jax import features as features_lib
-    from visim_jax.backbones import get_backbone
-    from visim_jax.experiments.adapt import backbone_kwargs
-    backbone = get_backbone(config.backbone, **backbone_kwargs(config))
-    layers = tuple(l.strip() for l in config.layers.split(',') if l.strip()) or backbone.layers
-    features_lib.layer_dims(backbone, layers)
-    cache_dir = config.cache_dir or os.path.join(os.path.expanduser('~'), '.cache', 'visim_jax', 'features')
-    feats = features_lib.cached_features(backbone, [paths[k] for k in keys], cache_dir, layers=layers, names=keys,
-                                         tag='cosis', batch_size=config.image_batch_size, dtype=config.dtype,
-                                         progress=progress)
+    from visim_jax.backbones import config as backbone_config
+    backbone, layers = backbone_config.build(config)
+    feats = backbone_config.features_of(config, backbone, layers, [paths[k] for k in keys], keys, 'cosis',
+                                        progress=progress)
     return feats, {k: i for i, k in enumerate(keys)}, {
         'kind': 'images', 'image_dir': os.path.abspath(config.image_dir), 'backbone': backbone.name,
         'weights_sha256': backbone.weights_id, 'layers': list(layers), 'dim': int(feats.shape[1])}
