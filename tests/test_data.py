@@ -114,5 +114,5 @@ def test_feature_pairs_errors(tmp_path):
   with pytest.raises(ValueError, match="duplicate pair name 'a'"):
     pairs.load_feature_pairs(str(tmp_path / 'dup.npz'))
   np.savez(tmp_path / 'noright.npz', left=l)
-  with pytest.raises(KeyError, match="no array 'right'"):
+  with pytest.raises(ValueError, match=r"noright.npz: missing array\(s\) \['right'\]"):
     pairs.load_feature_pairs(str(tmp_path / 'noright.npz'))

@@ -21,6 +21,7 @@ import numpy as np
 from PIL import Image
 
 from visim_jax.data import images as images_lib
+from visim_jax.data import npz
 
 
 class LabelledImages(NamedTuple):
@@ -114,17 +115,7 @@ def tfds_batches(source, pre, batch_size: int, indices: Sequence[int], image_key
 
 def load_feature_file(path: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
   """(features float32 (N, D), labels int64 (N,), class names) of an .npz with `features` and `labels`."""
-  if not os.path.exists(path):
-    raise FileNotFoundError(f'{path}: features file not found')
-  try:
-    with np.load(path, allow_pickle=False) as z:
-      files = list(z.files)
-      arrays = {k: np.asarray(z[k]) for k in ('features', 'labels', 'class_names') if k in files}
-  except Exception as e:  # not a zip, truncated, pickled objects...
-    raise ValueError(f'{path}: not a readable .npz file ({e})') from e
-  missing = [k for k in ('features', 'labels') if k not in arrays]
-  if missing:
-    raise ValueError(f'{path}: missing array(s) {missing} (has {files}); need `features` (N, D) and `labels` (N,)')
+  arrays = npz.read_arrays(path, ('features', 'labels'), ('class_names',))
   feats, labels = arrays['features'], arrays['labels']
   names = [str(n) for n in arrays['class_names']] if 'class_names' in arrays else None
   if feats.ndim != 2:

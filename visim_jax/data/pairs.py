@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 
+from visim_jax.data import npz
 from visim_jax.data.images import IMAGE_EXTENSIONS
 
 
@@ -93,18 +94,9 @@ def load_pairs(root: str, subset: str | None = None) -> Pairs:
 
 def load_feature_pairs(path: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
   """(left, right, names) from a precomputed .npz; errors name the file and the field."""
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f'config.features: {path} not found')
-  try:
-    z = np.load(path, allow_pickle=False)
-  except Exception as e:
-    raise ValueError(f'config.features: {path} is not a readable .npz ({e})') from None
-  with z:
-    for k in ('left', 'right'):
-      if k not in z.files:
-        raise KeyError(f'config.features: {path} has no array {k!r} (found {z.files})')
-    left, right = np.asarray(z['left'], np.float32), np.asarray(z['right'], np.float32)
-    names = [str(n) for n in z['names']] if 'names' in z.files else [f'{i:05d}' for i in range(len(left))]
+  z = npz.read_arrays(path, ('left', 'right'), ('names',))
+  left, right = z['left'].astype(np.float32), z['right'].astype(np.float32)
+  names = [str(n) for n in z['names']] if 'names' in z else [f'{i:05d}' for i in range(len(left))]
   check_feature_pairs(left, right, names, source=path)
   return left, right, names
 

@@ -31,6 +31,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from visim_jax.data import npz
 from visim_jax.data.images import IMAGE_EXTENSIONS
 
 COSIS_PAIRS = ((0, 1), (0, 2), (1, 2))  # candidate positions (a, b) of a row's three triples; a is closer
@@ -295,18 +296,9 @@ def load_feature_table(path: str) -> tuple[np.ndarray, dict[str, int]]:
   Names may be CoSIS keys (`val/715`) or BG-20k names (`h_f5946da2`, extension optional); see
   `keys_from_names` for mapping the latter.
   """
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f'config.features: {path} not found')
-  try:
-    z = np.load(path, allow_pickle=False)
-  except Exception as e:
-    raise ValueError(f'config.features: {path} is not a readable .npz ({e})') from None
-  with z:
-    for k in ('features', 'names'):
-      if k not in z.files:
-        raise KeyError(f'config.features: {path} has no array {k!r} (found {z.files})')
-    feats = np.asarray(z['features'], np.float32)
-    names = [str(n) for n in z['names']]
+  z = npz.read_arrays(path, ('features', 'names'))
+  feats = z['features'].astype(np.float32)
+  names = [str(n) for n in z['names']]
   if feats.ndim != 2 or len(names) != len(feats):
     raise ValueError(f'config.features: {path}: features {feats.shape} and {len(names)} names do not match')
   bad = ~np.isfinite(feats).all(1)

@@ -27,6 +27,7 @@ from visim_jax import features as features_lib
 from visim_jax import report, sharding, train
 from visim_jax.backbones import config as backbone_config
 from visim_jax.data import demo as demo_lib
+from visim_jax.data import npz
 from visim_jax.data import pairs as pairs_lib
 
 DATASETS = ('tll', 'demo', 'features')
@@ -68,15 +69,15 @@ def load_features(config, progress: bool = True):
   if config.dataset == 'features':
     left, right, names = pairs_lib.load_feature_pairs(config.features)
     flips = None
-    with np.load(config.features, allow_pickle=False) as z:
-      if config.flip:
-        if 'left_flip' not in z.files or 'right_flip' not in z.files:
-          raise KeyError(f'config.flip=True needs arrays left_flip and right_flip in {config.features}; '
-                         'add them or pass --config.flip=False')
-        flips = (np.asarray(z['left_flip'], np.float32), np.asarray(z['right_flip'], np.float32))
-        pairs_lib.check_feature_pairs(flips[0], flips[1], names, source=f'{config.features} (flip)')
-        if flips[0].shape != left.shape:
-          raise ValueError(f'{config.features}: left_flip {flips[0].shape} and left {left.shape} shapes differ')
+    if config.flip:
+      z = npz.read_arrays(config.features, (), ('left_flip', 'right_flip'))
+      if len(z) < 2:
+        raise KeyError(f'config.flip=True needs arrays left_flip and right_flip in {config.features}; '
+                       'add them or pass --config.flip=False')
+      flips = (z['left_flip'].astype(np.float32), z['right_flip'].astype(np.float32))
+      pairs_lib.check_feature_pairs(flips[0], flips[1], names, source=f'{config.features} (flip)')
+      if flips[0].shape != left.shape:
+        raise ValueError(f'{config.features}: left_flip {flips[0].shape} and left {left.shape} shapes differ')
     feats = train.Features(left, right, *(flips or (None, None)))
     return feats, names, None, {'source': os.path.abspath(config.features)}
 

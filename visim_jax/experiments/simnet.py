@@ -51,6 +51,7 @@ from tqdm.auto import tqdm
 
 from visim_jax import report, simnet
 from visim_jax.backbones import config as backbone_config
+from visim_jax.data import npz
 from visim_jax.metrics import map as map_lib
 from visim_jax.metrics import retrieval as retrieval_metrics
 
@@ -181,13 +182,8 @@ def load_classes(config, progress=True):
   """(features (N, D) float32, labels (N,) int, class names, description)."""
   from visim_jax.data.images import IMAGE_EXTENSIONS
   if config.dataset == 'features':
-    if not os.path.isfile(config.features):
-      raise FileNotFoundError(f'config.features: {config.features} not found')
-    with np.load(config.features, allow_pickle=False) as z:
-      for k in ('features', 'labels'):
-        if k not in z.files:
-          raise KeyError(f'config.features: {config.features} has no array {k!r} (found {z.files})')
-      x, raw = np.asarray(z['features'], np.float32), np.asarray(z['labels'])
+    z = npz.read_arrays(config.features, ('features', 'labels'))
+    x, raw = z['features'].astype(np.float32), z['labels']
     if x.ndim != 2 or raw.shape != (len(x),):
       raise ValueError(f'config.features: {config.features}: features {x.shape} and labels {raw.shape} mismatch')
     _check_finite(x, config.features)
@@ -663,14 +659,9 @@ def mine(config, params, data, train_labels, key):
 def load_retrieval_eval(config, dim):
   from visim_jax.data import retrieval as retrieval_data
   path = config.retrieval.features
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f'config.retrieval.features: {path} not found')
-  with np.load(path, allow_pickle=False) as z:
-    for k in ('database', 'queries'):
-      if k not in z.files:
-        raise KeyError(f'config.retrieval.features: {path} has no array {k!r} (found {z.files})')
-    db, q = np.asarray(z['database'], np.float32), np.asarray(z['queries'], np.float32)
-    imlist = [str(n) for n in z['imlist']] if 'imlist' in z.files else None
+  z = npz.read_arrays(path, ('database', 'queries'), ('imlist',), field='config.retrieval.features')
+  db, q = z['database'].astype(np.float32), z['queries'].astype(np.float32)
+  imlist = [str(n) for n in z['imlist']] if 'imlist' in z else None
   for name, a in (('database', db), ('queries', q)):
     if a.ndim != 2 or a.shape[1] != dim:
       raise ValueError(f'config.retrieval.features: {path}: {name} is {a.shape}, expected (N, {dim}) like the '
