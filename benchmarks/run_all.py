@@ -5,7 +5,8 @@ r"""Runs every capability benchmark with its CPU-sized defaults and writes one t
   python benchmarks/run_all.py --timeout=900 --dry_run
 
 Each script (extract.py, adapt.py and whichever of histograms.py, simnet.py, twoafc.py, extract_clip.py,
-search.py exist) runs as a subprocess; its result is the last JSON object it prints on stdout. The table goes
+search.py exist) runs as a subprocess, with CPU sizes on a CPU (CPU_ARGS: the flags that shrink the scripts
+whose bare defaults are the issue's GPU sizes; --sizes=default runs the bare defaults); its result is the last JSON object it prints on stdout. The table goes
 into benchmarks/RESULTS.md between `<!-- run_all:begin -->` and `<!-- run_all:end -->` (the section is
 appended when absent; the rest of the file is kept), with the machine (jax device kind, CPU count) and the
 date; the full JSON of every script is kept in benchmarks/results_all.json. A script that fails or times out
@@ -28,6 +29,12 @@ SCRIPTS = ('extract', 'adapt', 'histograms', 'simnet', 'twoafc', 'extract_clip',
 BEGIN, END = '<!-- run_all:begin -->', '<!-- run_all:end -->'
 # keys that name the speed-up / timings in the benchmarks' JSON (searched recursively, first match wins)
 SPEEDUP_KEYS = ('speedup', 'speed_up', 'speedup_vs_reference', 'ratio')
+# on a CPU, the flags that give a script its CPU sizes where its bare defaults are the issue's GPU sizes
+# (extract, adapt, simnet, extract_clip, search are CPU-sized, or pick sizes from the backend, by default)
+CPU_ARGS = {
+    'twoafc': ['--small'],
+    'histograms': ['--samples=100000', '--dim=256', '--classes=100', '--n_pairs=2000', '--ref_classes=100'],
+}
 
 
 def last_json_object(text: str) -> dict | None:
@@ -94,7 +101,8 @@ def render(rows: list[dict], mach: dict, date: str) -> str:
            f'jax {mach["jax"]}, Python {mach["python"]}, {mach["platform"]}.', '',
            '| benchmark | status | wall (s) | headline numbers |', '|---|---|---|---|']
   for r in rows:
-    lines.append(f'| `{r["script"]}` | {r["status"]} | {r["wall_s"]:.1f} | {r["headline"]} |')
+    cmd = ' '.join([r['script']] + r.get('args', []))
+    lines.append(f'| `{cmd}` | {r["status"]} | {r["wall_s"]:.1f} | {r["headline"]} |')
   lines += ['', 'Full JSON of every script: `benchmarks/results_all.json`.', '', END]
   return '\n'.join(lines)
 
@@ -113,23 +121,24 @@ def update_results(path: str, section: str) -> None:
   os.replace(tmp, path)
 
 
-def run_one(name: str, timeout: int, extra_env: dict) -> dict:
+def run_one(name: str, timeout: int, args: list[str]) -> dict:
   path = os.path.join(HERE, f'{name}.py')
   t = time.time()
-  env = {**os.environ, **extra_env, 'PYTHONPATH': ROOT + os.pathsep + os.environ.get('PYTHONPATH', '')}
+  env = {**os.environ, 'PYTHONPATH': ROOT + os.pathsep + os.environ.get('PYTHONPATH', '')}
   try:
-    p = subprocess.run([sys.executable, path], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run([sys.executable, path, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=timeout)
   except subprocess.TimeoutExpired as ex:
     err = ex.stderr.decode() if isinstance(ex.stderr, bytes) else (ex.stderr or '')
-    return {'script': f'{name}.py', 'status': f'timeout ({timeout} s)', 'wall_s': time.time() - t,
+    return {'script': f'{name}.py', 'args': args, 'status': f'timeout ({timeout} s)', 'wall_s': time.time() - t,
             'headline': '-', 'result': None, 'stderr_tail': err[-3000:]}
   wall = time.time() - t
   result = last_json_object(p.stdout)
   if p.returncode != 0 or result is None:
     status = f'failed (exit {p.returncode})' if p.returncode else 'no JSON printed'
-    return {'script': f'{name}.py', 'status': status, 'wall_s': wall, 'headline': '-', 'result': result,
+    return {'script': f'{name}.py', 'args': args, 'status': status, 'wall_s': wall, 'headline': '-', 'result': result,
             'stderr_tail': p.stderr[-3000:]}
-  return {'script': f'{name}.py', 'status': 'ok', 'wall_s': wall, 'headline': headline(result), 'result': result}
+  return {'script': f'{name}.py', 'args': args, 'status': 'ok', 'wall_s': wall, 'headline': headline(result), 'result': result}
 
 
 def main(argv=None):
@@ -139,6 +148,8 @@ def main(argv=None):
   ap.add_argument('--results', default=os.path.join(HERE, 'RESULTS.md'), help='the markdown file to update')
   ap.add_argument('--json_out', default=os.path.join(HERE, 'results_all.json'), help='full JSON output')
   ap.add_argument('--dry_run', action='store_true', help='list the scripts that would run and stop')
+  ap.add_argument('--sizes', default='auto', choices=('auto', 'cpu', 'default'),
+                  help="auto: CPU_ARGS when jax's backend is the CPU; cpu: always; default: the scripts' bare defaults")
   a = ap.parse_args(argv)
   wanted = [s.strip().removesuffix('.py') for s in a.only.split(',') if s.strip()] or list(SCRIPTS)
   unknown = [s for s in wanted if s not in SCRIPTS]
@@ -147,12 +158,17 @@ def main(argv=None):
   present = [s for s in wanted if os.path.exists(os.path.join(HERE, f'{s}.py'))]
   missing = [s for s in wanted if s not in present]
   print(f'benchmarks: {", ".join(present)}' + (f' (absent: {", ".join(missing)})' if missing else ''), flush=True)
+  import jax
+  cpu = a.sizes == 'cpu' or (a.sizes == 'auto' and jax.default_backend() == 'cpu')
+  runs = [(name, CPU_ARGS.get(name, []) if cpu else []) for name in present]
+  for name, args in runs:
+    print(f'   {name}.py {" ".join(args)}', flush=True)
   if a.dry_run:
     return []
   rows = []
-  for name in present:
+  for name, args in runs:
     print(f'-- {name}.py ...', flush=True)
-    row = run_one(name, a.timeout, {})
+    row = run_one(name, a.timeout, args)
     print(f'   {row["status"]} in {row["wall_s"]:.1f} s: {row["headline"]}', flush=True)
     rows.append(row)
   mach = machine()
