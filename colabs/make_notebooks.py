@@ -24,10 +24,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SETUP = r'''# Setup. On Colab: clone the repository and install the package (its dependencies come from PyPI).
 # Elsewhere: use the checkout this notebook sits in. Either way the package is imported, never copied.
 import os, sys, subprocess
-REPO_URL = os.environ.get('VISIM_REPO_URL', 'https://github.com/OWNER/visim_jax')  # EDIT: the project's repository
+REPO_URL = os.environ.get('VISIM_REPO_URL', '')  # on Colab: the git URL you got visim_jax from
 if 'google.colab' in sys.modules:
     REPO = '/content/visim_jax'
     if not os.path.isdir(REPO):
+        if not REPO_URL:
+            raise RuntimeError('Set REPO_URL above to the git URL of visim_jax (or upload the checkout to '
+                               '/content/visim_jax) and run this cell again.')
         subprocess.check_call(['git', 'clone', '--depth=1', REPO_URL, REPO])
     subprocess.check_call([sys.executable, '-m', 'pip', 'install', '-q', '-e', REPO])
 else:
