@@ -27,13 +27,15 @@ from visim_jax import adaptation, train  # noqa: E402
 _PRESET = flags.DEFINE_enum('preset', 'cpu', ['cpu', 'tll'], 'Sizes: cpu (small) or tll (the paper).')
 _REF_RUNS = flags.DEFINE_integer('ref_runs', 0, 'Runs timed for the reference (extrapolated); 0 = all.')
 _FLIP = flags.DEFINE_bool('flip', True, 'Train on two views (pairs + mirrored pairs), as the reference.')
+_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Matmul inputs of our training step.')
 
 PRESETS = {'cpu': dict(n=400, runs=4, epochs=30), 'tll': dict(n=4199, runs=20, epochs=150)}
 
 
 def main(_):
   p = PRESETS[_PRESET.value]
-  hp = train.Hparams(runs=p['runs'], epochs=p['epochs'], pca_dim=256, adapt_dim=1024, sigma=15.0, lr=1e-3)
+  hp = train.Hparams(runs=p['runs'], epochs=p['epochs'], pca_dim=256, adapt_dim=1024, sigma=15.0, lr=1e-3,
+                     dtype=_DTYPE.value)
   n, nt = p['n'], hp.n_train(p['n'])
   n_test = n - nt
   rng = np.random.RandomState(0)
@@ -43,7 +45,7 @@ def main(_):
       test=jnp.asarray(rng.randn(hp.runs, 2, n_test, 256).astype(np.float32)))
   result = {'benchmark': 'adapt', 'device': str(jax.devices()[0].device_kind), 'platform': jax.default_backend(),
             'n_train': nt, 'n_test': n_test, 'runs': hp.runs, 'epochs': hp.epochs, 'views': views,
-            'dims': '256->1024'}
+            'dims': '256->1024', 'dtype': _DTYPE.value}
 
   state = train.init_state(hp)
   prog = jax.jit(train.train_chunk, static_argnums=(0, 3))

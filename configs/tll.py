@@ -36,6 +36,7 @@ def get_config(arg=None):
   c.sigma = 15.0
   c.lr = 1e-3
   c.epochs = 150
+  c.train_dtype = 'float32'    # matmul inputs of the training step; 'bfloat16' on accelerators (f32 accumulation)
 
   # protocol
   c.runs = 20

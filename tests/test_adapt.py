@@ -74,6 +74,18 @@ def test_vmapped_runs_equal_runs_one_by_one():
     np.testing.assert_array_equal(out['ranks'][r, -1], ranks)
 
 
+def test_bfloat16_training_tracks_float32():
+  d = synthetic()
+  feats = train.Features(d['left'], d['right'])
+  import dataclasses
+  f32 = adapt.train_all(HP, feats, None, checkpoint_every=7, progress=False)
+  bf16 = adapt.train_all(dataclasses.replace(HP, dtype='bfloat16'), feats, None, checkpoint_every=7,
+                         progress=False)
+  np.testing.assert_allclose(bf16['loss'], f32['loss'], rtol=3e-2)
+  diff = np.abs(bf16['params']['w'] - f32['params']['w'])
+  assert diff.mean() < 0.01 * np.abs(f32['params']['w']).mean()  # Adam's sign-like steps flip a few tiny grads
+
+
 def test_resume_after_kill_equals_no_kill(tmp_path):
   np.savez(tmp_path / 'f.npz', **synthetic())
   full = adapt.run(features_config(tmp_path / 'f.npz'), str(tmp_path / 'full'), progress=False)

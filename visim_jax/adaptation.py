@@ -5,6 +5,8 @@ S = cosine(a_left, a_right) * sigma        (N x N, row i = left i against every 
 L = (CE(softmax(S), I) + CE(softmax(S^T), I)) / 2   (mean over the N rows; the partner is the diagonal)
 
 W is initialised as torch.nn.Linear does (the reference code): U(-1/sqrt(in), 1/sqrt(in)).
+`dtype` is the matmul input dtype (bfloat16 on accelerators halves the traffic); products accumulate in
+float32, and the parameters, norms and softmax stay float32.
 """
 from __future__ import annotations
 
@@ -18,14 +20,19 @@ def init(key: jax.Array, in_dim: int = 256, out_dim: int = 1024) -> dict:
   return {'w': jax.random.uniform(key, (in_dim, out_dim), jnp.float32, -bound, bound)}
 
 
-def adapt(params: dict, d: jax.Array) -> jax.Array:
-  return jax.nn.relu(d @ params['w'])
+def _matmul(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+  return jnp.matmul(a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
 
 
-def cosine_logits(a_left: jax.Array, a_right: jax.Array, sigma: float, eps: float = 1e-8) -> jax.Array:
+def adapt(params: dict, d: jax.Array, dtype=jnp.float32) -> jax.Array:
+  return jax.nn.relu(_matmul(d, params['w'], dtype))
+
+
+def cosine_logits(a_left: jax.Array, a_right: jax.Array, sigma: float, eps: float = 1e-8,
+                  dtype=jnp.float32) -> jax.Array:
   l = a_left / jnp.maximum(jnp.linalg.norm(a_left, axis=-1, keepdims=True), eps)
   r = a_right / jnp.maximum(jnp.linalg.norm(a_right, axis=-1, keepdims=True), eps)
-  return (l @ r.T) * sigma
+  return _matmul(l, r.T, dtype) * sigma
 
 
 def symmetric_ce(logits: jax.Array) -> jax.Array:
@@ -36,5 +43,6 @@ def symmetric_ce(logits: jax.Array) -> jax.Array:
   return (lr + rl) / 2
 
 
-def loss_fn(params: dict, d_left: jax.Array, d_right: jax.Array, sigma: float) -> jax.Array:
-  return symmetric_ce(cosine_logits(adapt(params, d_left), adapt(params, d_right), sigma))
+def loss_fn(params: dict, d_left: jax.Array, d_right: jax.Array, sigma: float, dtype=jnp.float32) -> jax.Array:
+  return symmetric_ce(cosine_logits(adapt(params, d_left, dtype), adapt(params, d_right, dtype), sigma,
+                                    dtype=dtype))

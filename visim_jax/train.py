@@ -36,6 +36,7 @@ class Hparams:
   lr: float = 1e-3
   epochs: int = 150
   seed: int = 0
+  dtype: str = 'float32'   # matmul inputs of the training step: 'float32' | 'bfloat16' (f32 accumulation)
 
   def n_train(self, n: int) -> int:
     return int(np.floor(self.train_fraction * n))
@@ -131,8 +132,8 @@ def init_state(hp: Hparams) -> State:
   return jax.vmap(one)(run_keys(hp))
 
 
-def view_loss(params, train_views: jax.Array, sigma: float) -> jax.Array:
-  losses = jax.vmap(lambda v: adaptation.loss_fn(params, v[0], v[1], sigma))(train_views)
+def view_loss(params, train_views: jax.Array, sigma: float, dtype=jnp.float32) -> jax.Array:
+  losses = jax.vmap(lambda v: adaptation.loss_fn(params, v[0], v[1], sigma, dtype))(train_views)
   return losses.mean()
 
 
@@ -142,7 +143,7 @@ def train_chunk(hp: Hparams, state: State, data: RunData, n_epochs: int):
 
   def one_run(st: State, d: RunData):
     def epoch(st: State, _):
-      loss, grads = jax.value_and_grad(view_loss)(st.params, d.train_views, hp.sigma)
+      loss, grads = jax.value_and_grad(view_loss)(st.params, d.train_views, hp.sigma, jnp.dtype(hp.dtype))
       updates, opt_state = opt.update(grads, st.opt_state, st.params)
       params = optax.apply_updates(st.params, updates)
       ranks = best_ranks(adaptation.adapt(params, d.test[0]), adaptation.adapt(params, d.test[1]))

@@ -36,7 +36,8 @@ DATASETS = ('tll', 'demo', 'features')
 def hparams_from_config(config) -> train.Hparams:
   return train.Hparams(runs=config.runs, train_fraction=config.train_fraction, pca_dim=config.pca_dim,
                        pca_fit=config.pca_fit, pca_whiten=config.pca_whiten, adapt_dim=config.adapt_dim,
-                       sigma=config.sigma, lr=config.lr, epochs=config.epochs, seed=config.seed)
+                       sigma=config.sigma, lr=config.lr, epochs=config.epochs, seed=config.seed,
+                       dtype=config.train_dtype)
 
 
 def validate_config(config) -> None:
@@ -53,6 +54,7 @@ def validate_config(config) -> None:
   need(config.sigma > 0, 'sigma', 'must be > 0')
   need(config.lr > 0, 'lr', 'must be > 0')
   need(config.epochs >= 1, 'epochs', 'must be >= 1')
+  need(config.train_dtype in ('float32', 'bfloat16'), 'train_dtype', "'float32' or 'bfloat16'")
   need(config.checkpoint_every >= 1, 'checkpoint_every', 'must be >= 1')
   need(len(config.ks) >= 1 and all(int(k) >= 1 for k in config.ks), 'ks', 'positive integers')
   if config.dataset == 'tll':
