@@ -65,7 +65,6 @@ def validate_config(config) -> None:
 
 # ------------------------------------------------------------------------------------------------ data
 
-
 def load_features(config, progress: bool = True):
   """(Features, names, (left_paths, right_paths) or None, description dict)."""
   if config.dataset == 'features':
@@ -87,15 +86,15 @@ def load_features(config, progress: bool = True):
     root = demo_lib.demo_pairs(config.demo.root or None, config.demo.n_pairs, config.demo.seed)
     pairs = pairs_lib.load_pairs(root)
   else:
-    pairs = pairs_lib.load_pairs(config.data_dir, config.subset or None)
+    root = config.data_dir
+    pairs = pairs_lib.load_pairs(root, config.subset or None)
   backbone, layers = backbone_config.build(config)
   get = lambda paths, tag, flip=False: backbone_config.features_of(
       config, backbone, layers, paths, pairs.names, tag, flip, progress)
   left, right = get(pairs.left, 'left'), get(pairs.right, 'right')
   flips = (get(pairs.left, 'left', True), get(pairs.right, 'right', True)) if config.flip else (None, None)
   pairs_lib.check_feature_pairs(left, right, pairs.names, source=f'{config.backbone} features')
-  desc = {**backbone_config.describe(backbone, layers),
-          'root': os.path.abspath(config.data_dir) if config.dataset == 'tll' else root}
+  desc = {**backbone_config.describe(backbone, layers), 'root': os.path.abspath(root)}
   return train.Features(left, right, *flips), pairs.names, (pairs.left, pairs.right), desc
 
 
