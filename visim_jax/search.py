@@ -342,9 +342,9 @@ def contact_sheet_png(rows: list[dict], path: str, title: str = '') -> None:
         ax.set_xticks([]), ax.set_yticks([])
         for spine in ax.spines.values():
           spine.set_edgecolor('green'), spine.set_linewidth(3)
-  if title:
-    fig.suptitle(title, fontsize=9)
   fig.tight_layout()
+  if title:  # after tight_layout, above the first row's titles
+    fig.suptitle(title, fontsize=9, y=1.0, va='bottom')
   report.save_figure(fig, path)
 
 
