@@ -48,3 +48,19 @@ def test_classify_cli_prints_top5(tmp_path):
                        check=True, env={**__import__('os').environ, 'JAX_PLATFORMS': 'cpu'}).stdout
   lines = out.strip().splitlines()
   assert lines[0] == 'coffee.png' and len(lines) == 6 and 'espresso' in lines[1]
+
+
+def test_depthwise_implementations_agree(lite0):
+  import jax.numpy as jnp
+  from visim_jax.backbones import efficientnet_lite
+  rng = np.random.RandomState(0)
+  for k, s, h in ((3, 1, 9), (5, 2, 10), (3, 2, 7)):
+    x = jnp.asarray(rng.randn(2, h, h + 1, 6).astype(np.float32))
+    w = jnp.asarray(rng.randn(k, k, 1, 6).astype(np.float32))
+    a = efficientnet_lite.depthwise_conv(x, w, s, 'conv')
+    b = efficientnet_lite.depthwise_conv(x, w, s, 'shifted')
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+  x = resize(Image.fromarray(data.coffee()), lite0.preprocess)[None]
+  conv = efficientnet_lite.efficientnet_lite0(depthwise_impl='conv')
+  np.testing.assert_allclose(np.asarray(jax.jit(conv.__call__)(x)[0]), np.asarray(jax.jit(lite0.__call__)(x)[0]),
+                             atol=1e-3)
