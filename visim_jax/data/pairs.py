@@ -92,6 +92,15 @@ def load_pairs(root: str, subset: str | None = None) -> Pairs:
   return Pairs(names=names, left=[left[n] for n in names], right=[right[n] for n in names])
 
 
+def from_config(config) -> tuple[Pairs, str]:
+  """(pairs, root) a config names: dataset 'demo' (the embedded set, written once) or else data_dir + subset."""
+  if config.dataset == 'demo':
+    from visim_jax.data import demo
+    root = demo.demo_pairs(config.demo.root or None, config.demo.n_pairs, config.demo.seed)
+    return load_pairs(root), root
+  return load_pairs(config.data_dir, config.subset or None), config.data_dir
+
+
 def load_feature_pairs(path: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
   """(left, right, names) from a precomputed .npz; errors name the file and the field."""
   z = npz.read_arrays(path, ('left', 'right'), ('names',))

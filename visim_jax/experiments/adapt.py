@@ -26,7 +26,6 @@ from tqdm.auto import tqdm
 from visim_jax import features as features_lib
 from visim_jax import report, sharding, train
 from visim_jax.backbones import config as backbone_config
-from visim_jax.data import demo as demo_lib
 from visim_jax.data import npz
 from visim_jax.data import pairs as pairs_lib
 
@@ -82,12 +81,7 @@ def load_features(config, progress: bool = True):
     feats = train.Features(left, right, *(flips or (None, None)))
     return feats, names, None, {'source': os.path.abspath(config.features)}
 
-  if config.dataset == 'demo':
-    root = demo_lib.demo_pairs(config.demo.root or None, config.demo.n_pairs, config.demo.seed)
-    pairs = pairs_lib.load_pairs(root)
-  else:
-    root = config.data_dir
-    pairs = pairs_lib.load_pairs(root, config.subset or None)
+  pairs, root = pairs_lib.from_config(config)
   backbone, layers = backbone_config.build(config)
   get = lambda paths, tag, flip=False: backbone_config.features_of(
       config, backbone, layers, paths, pairs.names, tag, flip, progress)

@@ -229,13 +229,7 @@ def load_pair_features(config, progress=True):
   if config.dataset == 'features':
     left, right, names = pairs_lib.load_feature_pairs(config.features)
     return left, right, names, {'source': os.path.abspath(config.features)}
-  if config.dataset == 'demo':
-    from visim_jax.data import demo as demo_lib
-    root = demo_lib.demo_pairs(config.demo.root or None, config.demo.n_pairs, config.demo.seed)
-    pairs = pairs_lib.load_pairs(root)
-  else:
-    root = config.data_dir
-    pairs = pairs_lib.load_pairs(root, config.subset or None)
+  pairs, root = pairs_lib.from_config(config)
   (left, right), desc = _backbone_features(
       config, [(pairs.left, pairs.names, 'left'), (pairs.right, pairs.names, 'right')], progress)
   pairs_lib.check_feature_pairs(left, right, pairs.names, source=f'{config.backbone} features')
