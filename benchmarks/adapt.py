@@ -22,7 +22,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from visim_jax import adaptation, train  # noqa: E402
+from visim_jax import train  # noqa: E402
 
 _PRESET = flags.DEFINE_enum('preset', 'cpu', ['cpu', 'tll'], 'Sizes: cpu (small) or tll (the paper).')
 _REF_RUNS = flags.DEFINE_integer('ref_runs', 0, 'Runs timed for the reference (extrapolated); 0 = all.')

@@ -122,6 +122,7 @@ def test_demo_end_to_end_adapted_beats_raw(tmp_path, demo_root):
     assert os.path.exists(os.path.join(wd, name)), name
   assert os.listdir(os.path.join(wd, 'tensorboard'))
   on_disk = json.load(open(os.path.join(wd, 'metrics.json')))
+  assert on_disk['results'] == m['results']  # the returned summary is what was written
   r = on_disk['results']['aR@1']
   assert len(r['raw']['runs']) == 5 and on_disk['n_test'] == 48
   assert r['adapted_last_epoch']['mean'] > r['raw']['mean']

@@ -1,9 +1,6 @@
 """visim_jax.export: one run's adapter in one .npz; apply_adapter = PCA transform then ReLU(W d)."""
-import json
 import os
-import sys
 
-import jax
 import numpy as np
 import pytest
 
