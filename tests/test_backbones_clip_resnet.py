@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+from torch_init import randomise
 from visim_jax import features
 from visim_jax.backbones import clip_resnet, convert_clip, get_backbone
 
@@ -106,26 +107,9 @@ class RefCLIP(nn.Module):
     return self.visual(x)['attnpool']
 
 
-def _randomise(model, seed):
-  g = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-      if not p.dtype.is_floating_point:
-        continue
-      if name.endswith('running_var'):
-        p.copy_(0.5 + torch.rand(p.shape, generator=g))
-      elif name.endswith('weight') and p.ndim == 1:
-        p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-      elif p.ndim >= 2 and 'positional' not in name:
-        p.copy_(torch.randn(p.shape, generator=g) / np.sqrt(int(np.prod(p.shape[1:]))))
-      else:
-        p.copy_(0.1 * torch.randn(p.shape, generator=g))
-  return model.eval()
-
-
 def test_parity_with_pytorch_reference(tmp_path):
   arch = clip_resnet.TINY
-  ref = _randomise(RefCLIP(arch), 0)
+  ref = randomise(RefCLIP(arch), 0, small=('positional',))
   ckpt = tmp_path / 'tiny.pt'
   torch.save(ref.state_dict(), ckpt)
   info = convert_clip.convert(str(ckpt), str(tmp_path / 'tiny.safetensors'))

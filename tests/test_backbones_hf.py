@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from torch_init import randomise
 from visim_jax.backbones import get_backbone, hf, list_backbones, registry
 
 ATOL = 1e-4
@@ -39,32 +40,12 @@ def _torch_model(family):
   raise ValueError(family)
 
 
-def _randomise(model, seed):
-  """Non-trivial weights everywhere (biases, norms, BatchNorm statistics), so every path is exercised."""
-  import torch
-  g = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-      if not p.dtype.is_floating_point:
-        continue
-      if name.endswith('running_var'):
-        p.copy_(0.5 + torch.rand(p.shape, generator=g))
-      elif name.endswith('weight') and p.ndim == 1:  # norm scales
-        p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-      elif p.ndim >= 2:
-        fan_in = int(np.prod(p.shape[1:])) if p.ndim > 2 else p.shape[-1]
-        p.copy_(torch.randn(p.shape, generator=g) / np.sqrt(max(fan_in, 1)))
-      else:
-        p.copy_(0.1 * torch.randn(p.shape, generator=g))
-  model.eval()
-
-
 @pytest.mark.parametrize('name', ['clip_vit_b32', 'vit_b16', 'dinov2_s14', 'resnet50', 'regnet_y_040'])
 def test_parity_with_pytorch(name, tmp_path):
   torch = pytest.importorskip('torch')
   family = hf.SPECS[name].family
   full, ref = _torch_model(family)
-  _randomise(full, 0)
+  randomise(full, 0)
   full.save_pretrained(tmp_path, safe_serialization=True)
   assert not os.path.exists(tmp_path / 'pytorch_model.bin')
 
@@ -139,7 +120,7 @@ def test_flax_msgpack_checkpoints_load_like_safetensors(name, flax_class, tmp_pa
   import transformers as T
   family = hf.SPECS[name].family
   full, _ = _torch_model(family)
-  _randomise(full, 1)
+  randomise(full, 1)
   full.save_pretrained(tmp_path / 'pt', safe_serialization=True)
   # what `FlaxModel.from_pretrained(pt, from_pt=True).save_pretrained(flax)` writes, without its slow eager init
   import shutil

@@ -18,7 +18,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 Stages = Mapping[str, jax.Array]
 
@@ -92,12 +91,3 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
       h.update(block)
   return h.hexdigest()
 
-
-def sha256_arrays(tree) -> str:
-  """Content hash of a pytree of arrays (for weights that do not come from one file)."""
-  h = hashlib.sha256()
-  for leaf in jax.tree.leaves(tree):
-    a = np.asarray(leaf)
-    h.update(str((a.shape, a.dtype)).encode())
-    h.update(np.ascontiguousarray(a).tobytes())
-  return h.hexdigest()
