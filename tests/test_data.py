@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from conftest import shared_data
-from visim_jax.backbones.base import Preprocess
+from visim_jax.preprocess import Preprocess
 from visim_jax.data import demo, images, pairs
 
 

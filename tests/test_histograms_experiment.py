@@ -90,7 +90,8 @@ def tiny_backbone(random_init=0, **unused):
   """A two-stage random 'network' on 16 px images: compiles in a blink (the pipeline, not Lite0, is tested)."""
   import jax
   import jax.numpy as jnp
-  from visim_jax.backbones.base import Backbone, Preprocess
+  from visim_jax.backbones.base import Backbone
+  from visim_jax.preprocess import Preprocess
   w = jax.random.normal(jax.random.PRNGKey(random_init), (3, 8))
 
   def apply_fn(variables, x):

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from visim_jax import safe_pickle
-from visim_jax.backbones.base import Backbone, Preprocess, sha256_file
+from visim_jax.backbones.base import Backbone, sha256_file
+from visim_jax.preprocess import Preprocess
 
 # (repeats, kernel, stride, expand ratio, in, out) of EfficientNet-B0 / Lite0 (width 1.0, depth 1.0)
 BLOCKS = ((1, 3, 1, 1, 32, 16), (2, 3, 2, 6, 16, 24), (2, 5, 2, 6, 24, 40), (3, 3, 2, 6, 40, 80),

@@ -7,7 +7,7 @@ from typing import Iterable, Sequence
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from visim_jax.backbones.base import Preprocess
+from visim_jax.preprocess import Preprocess
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp', '.tif', '.tiff', '.ppm')
 _RESAMPLE = {'bilinear': Image.Resampling.BILINEAR, 'bicubic': Image.Resampling.BICUBIC}
