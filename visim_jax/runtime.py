@@ -1,0 +1,387 @@
+"""The one training runtime every experiment uses: workdir lock, fingerprint, Orbax checkpoints, chunked loop.
+
+The stable API (adaptation, SimNet and the 2AFC context models train through exactly this):
+
+  fp = runtime.fingerprint(fields, arrays)        # what the run depends on: a dict of config fields + data
+  with runtime.Run(workdir, config, fp) as run:    # lock, refuse a changed config, then write config.json
+    tree, start = run.restore(template)            # newest *valid* checkpoint, or (template, 0)
+    tree = run.loop(tree, chunk_fn, start, end, every=n, save_every=m)
+    run.write_metrics(metrics)                     # metrics.json (+ the fingerprint it was computed under)
+
+- `chunk_fn(tree, step0, n) -> (tree, scalars)` runs steps step0+1 .. step0+n in one jitted call. `tree` is
+  everything a resume needs (params, optimiser state, loss history...); `scalars` maps a TensorBoard tag to a
+  float (written at the chunk's last step) or an (n,) array (one value per step). A non-finite 'loss'-tagged
+  scalar stops the run. After each chunk whose end is a multiple of `save_every` (and at `end`) the tree is
+  saved with Orbax, so a run killed at any moment resumes at its last saved step and ends bit-identical.
+- The Orbax CheckpointManager is called on EVERY process (a multi-host save is collective); process 0 alone
+  writes config.json, fingerprint.json, metrics.json, TensorBoard events and plots.
+- `Run.__enter__`, in this order, before anything is written: the workdir is checked (a file, a broken link,
+  not creatable or not writable -> one-line UserError naming it), an exclusive flock on `<workdir>/.lock` is
+  taken for the whole run (a second run gets a UserError naming the holder's pid and host; the kernel drops
+  the lock of a dead process, so a stale lock file is simply taken over), and when checkpoints exist their
+  fingerprint must match (else a UserError naming the workdir and the differing fields: a refused run leaves
+  the workdir untouched). Only then are config.json and fingerprint.json written.
+- `restore` skips a corrupt newest step (logs which and why, deletes it) and takes the newest valid one.
+- A failed save (an OSError such as a full disk) leaves no partial step and no temporary folder and is
+  reported as one line naming the checkpoint folder.
+- Tests inject faults through the module-level `FAULT_HOOK(phase, step, directory)`, called at the save
+  phases 'before_save', 'during_save' (the Orbax write in flight) and 'after_save'; production code never
+  sets it.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import socket
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+from absl import logging
+
+from visim_jax import ops, report
+from visim_jax.errors import UserError
+
+# Test-only fault injection: FAULT_HOOK(phase, step, checkpoint_dir); phases in SAVE_PHASES.
+FAULT_HOOK: Callable[[str, int, str], None] | None = None
+SAVE_PHASES = ('before_save', 'during_save', 'after_save')
+_TMP_MARK = '.orbax-checkpoint-tmp'
+
+
+def _hook(phase: str, step: int, directory: str) -> None:
+  if FAULT_HOOK is not None:
+    FAULT_HOOK(phase, step, directory)
+
+
+def say(msg: str) -> None:
+  """One line of what the program is doing, on process 0 (the console stays short: no logging prefixes)."""
+  if report.is_writer():
+    print(msg, flush=True)
+
+
+# ------------------------------------------------------------------------------------------ fingerprint
+
+@dataclasses.dataclass(frozen=True)
+class Fingerprint:
+  digest: str          # 20 hex characters over fields + data
+  fields: dict         # the JSON-normalised config fields the run depends on
+  data_sha256: str     # the training data
+
+  def record(self) -> dict:
+    return {'fingerprint': self.digest, 'data_sha256': self.data_sha256, 'fields': self.fields}
+
+
+def fingerprint(fields: Mapping[str, Any], arrays: Sequence[Any] = ()) -> Fingerprint:
+  """The run's identity: the config fields that change its result and the bytes of its data arrays."""
+  fields = json.loads(json.dumps(dict(fields), sort_keys=True, default=str))
+  h = hashlib.sha256()
+  for a in arrays:
+    if a is not None:
+      a = np.ascontiguousarray(a)
+      h.update(f'{a.dtype}{a.shape}'.encode())
+      h.update(a.tobytes())
+  data = h.hexdigest()
+  digest = hashlib.sha256((json.dumps(fields, sort_keys=True) + data).encode()).hexdigest()[:20]
+  return Fingerprint(digest, fields, data)
+
+
+def _diff(old: dict, new: Fingerprint) -> str:
+  of, nf = old.get('fields', {}), new.fields
+  keys = sorted(set(of) | set(nf))
+  changed = [f'config.{k} ({of.get(k, "unset")!r} -> {nf.get(k, "unset")!r})' for k in keys if of.get(k) != nf.get(k)]
+  if old.get('data_sha256') != new.data_sha256:
+    changed.append('the data (features) differ')
+  return ', '.join(changed) or 'fingerprint differs'
+
+
+# ----------------------------------------------------------------------------------------------- checks
+
+def check_writable_dir(path: str, what: str) -> None:
+  """Creates `path` if needed; a one-line UserError naming it when it cannot be a writable folder."""
+  if os.path.islink(path) and not os.path.exists(path):
+    raise UserError(f'{path}: {what} is a broken symbolic link (to {os.readlink(path)}); remove it or choose '
+                    'another folder')
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise UserError(f'{path}: {what} is a file, not a folder; choose another path')
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise UserError(f'{e.filename or path}: cannot create the {what} ({e.strerror}); choose a folder you can '
+                    'write to') from e
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise UserError(f'{path}: the {what} is not writable; fix its permissions or choose another folder')
+
+
+def os_error(e: OSError, path: str, doing: str) -> UserError:
+  """An OSError while `doing` something at `path`, as a one-line UserError saying what to do."""
+  advice = {errno.ENOSPC: 'the disk is full: free some space and rerun (the run resumes)',
+            errno.EDQUOT: 'the disk quota is exceeded: free some space and rerun (the run resumes)',
+            errno.EROFS: 'the file system is read-only: choose another folder',
+            errno.EACCES: 'permission denied: fix the permissions or choose another folder'}
+  msg = advice.get(e.errno, f'{e.strerror or e}: check the folder and rerun')
+  return UserError(f'{e.filename or path}: {doing} failed; {msg}')
+
+
+# --------------------------------------------------------------------------------------------- the run
+
+class Run:
+  """One training run in one workdir (a context manager; see the module docstring)."""
+
+  def __init__(self, workdir: str, config, fp: Fingerprint, checkpoint: bool = True, progress: bool = True,
+               desc: str = 'train', max_to_keep: int = 2):
+    self.workdir = os.path.abspath(workdir)
+    self.config, self.fp, self.progress, self.desc = config, fp, progress, desc
+    self.ckpt_dir = os.path.join(self.workdir, 'checkpoints') if checkpoint else None
+    self.max_to_keep = max_to_keep
+    self._lock_fd = None
+    self._mngr = None
+    self._writer = None
+
+  # ---------------------------------------------------------------- enter / exit
+  def __enter__(self) -> 'Run':
+    check_writable_dir(self.workdir, 'workdir')
+    self._lock()
+    try:
+      self._check_fingerprint()
+      if report.is_writer():
+        try:
+          report.write_config(self.workdir, self.config)
+          report.write_json(os.path.join(self.workdir, 'fingerprint.json'), self.fp.record())
+        except OSError as e:
+          raise os_error(e, self.workdir, 'writing config.json') from e
+      if self.ckpt_dir:
+        self._open_manager()
+    except BaseException:
+      self._unlock()
+      raise
+    return self
+
+  def __exit__(self, *exc) -> None:
+    try:
+      if self._mngr is not None:
+        with contextlib.suppress(Exception):
+          self._mngr.wait_until_finished()
+        self._mngr.close()
+        self._mngr = None
+      if self._writer is not None:
+        self._writer.close()
+        self._writer = None
+      if self.ckpt_dir and report.is_writer():
+        _remove_tmp_dirs(self.ckpt_dir)
+    finally:
+      self._unlock()
+
+  def _lock(self) -> None:
+    ok, holder = 1, ''
+    if report.is_writer():
+      path = os.path.join(self.workdir, '.lock')
+      try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+      except OSError as e:
+        raise os_error(e, path, 'creating the workdir lock') from e
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except OSError:
+        holder = os.pread(fd, 200, 0).decode(errors='replace').strip() or 'unknown'
+        os.close(fd)
+        ok = 0
+      else:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f'pid {os.getpid()} on host {socket.gethostname()}\n'.encode(), 0)
+        self._lock_fd = fd
+    if jax.process_count() > 1:  # every process learns whether process 0 got the lock
+      from jax.experimental import multihost_utils
+      ok = int(multihost_utils.broadcast_one_to_all(np.int32(ok)))
+    if not ok:
+      raise UserError(f'{self.workdir}: another run is using this workdir ({holder}); wait for it to finish or '
+                      'pass another --workdir')
+
+  def _unlock(self) -> None:
+    if self._lock_fd is not None:
+      fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+      os.close(self._lock_fd)
+      self._lock_fd = None
+
+  def _check_fingerprint(self) -> None:
+    if not self.ckpt_dir or not _steps_on_disk(self.ckpt_dir):
+      return
+    fp_file = os.path.join(self.workdir, 'fingerprint.json')
+    try:
+      with open(fp_file) as f:
+        old = json.load(f)
+    except (OSError, ValueError):
+      old = None
+    if old is None:
+      raise UserError(f'{self.workdir}: holds checkpoints without a readable fingerprint.json (another program or '
+                      'version wrote them); use a new --workdir or delete its checkpoints/')
+    if old.get('fingerprint') != self.fp.digest:
+      raise UserError(f'{self.workdir}: holds checkpoints of a different config or data ({_diff(old, self.fp)}); '
+                      'use a new --workdir, or delete its checkpoints/ to start over')
+
+  def _open_manager(self) -> None:
+    import orbax.checkpoint as ocp
+    if report.is_writer():
+      _remove_tmp_dirs(self.ckpt_dir)
+    try:
+      self._mngr = ocp.CheckpointManager(self.ckpt_dir, options=ocp.CheckpointManagerOptions(
+          max_to_keep=self.max_to_keep, cleanup_tmp_directories=True))
+    except OSError as e:
+      raise os_error(e, self.ckpt_dir, 'opening the checkpoint folder') from e
+
+  # ---------------------------------------------------------------- checkpoints
+  def restore(self, template):
+    """(tree, step) from the newest valid checkpoint, or (template, 0) when there is none.
+
+    `template` is the tree to restore into: numpy arrays come back as numpy, jax.ShapeDtypeStruct (with a
+    sharding) as global jax arrays. A step that cannot be restored is logged, deleted and skipped.
+    """
+    if self._mngr is None:
+      return template, 0
+    import orbax.checkpoint as ocp
+    for step in sorted(self._mngr.all_steps(), reverse=True):
+      try:
+        tree = self._mngr.restore(step, args=ocp.args.StandardRestore(template))
+      except Exception as e:  # truncated / garbled files, missing arrays, wrong shapes
+        why = ' '.join(f'{type(e).__name__}: {e}'.split())[:300]
+        logging.warning('checkpoint step %d in %s is unreadable (%s): skipped and deleted', step, self.ckpt_dir, why)
+        say(f'checkpoint step {step} is unreadable ({why[:120]}); skipped, resuming from an earlier step')
+        self._mngr.delete(step)
+        continue
+      say(f'resuming from step {step} ({self.ckpt_dir})')
+      return tree, int(step)
+    return template, 0
+
+  def save(self, step: int, tree) -> None:
+    """Saves `tree` at `step` on every process; a failed save leaves no trace of that step."""
+    if self._mngr is None:
+      return
+    import orbax.checkpoint as ocp
+    _hook('before_save', step, self.ckpt_dir)
+    try:
+      self._mngr.save(step, args=ocp.args.StandardSave(tree))
+      _hook('during_save', step, self.ckpt_dir)
+      self._mngr.wait_until_finished()
+    except BaseException as e:
+      with contextlib.suppress(Exception):
+        self._mngr.wait_until_finished()
+      with contextlib.suppress(Exception):
+        self._mngr.reload()
+        if step in self._mngr.all_steps():
+          self._mngr.delete(step)
+      if report.is_writer():
+        _remove_tmp_dirs(self.ckpt_dir)
+      if isinstance(e, OSError):
+        raise os_error(e, self.ckpt_dir, f'saving checkpoint step {step}') from e
+      raise
+    _hook('after_save', step, self.ckpt_dir)
+
+  # ---------------------------------------------------------------- the loop
+  def loop(self, tree, chunk_fn, start: int, end: int, every: int, save_every: int | None = None,
+           total: int | None = None):
+    """Runs chunk_fn from step `start` to `end` in chunks ending on multiples of `every`; saves after each
+    chunk ending on a multiple of `save_every` (default: every chunk) and at `end`. Returns the tree.
+
+    `total` (default `end`) is the length of the progress bar, for runs made of several loops (phases).
+    """
+    from tqdm.auto import tqdm
+    save_every = save_every or every
+    step = start
+    if step >= end:
+      return tree
+    bar = tqdm(total=total or end, initial=step, desc=self.desc, unit='step', leave=True, dynamic_ncols=True,
+               disable=not (self.progress and report.is_writer()))
+    try:
+      while step < end:
+        n = min(every - step % every, end - step)
+        tree, scalars = chunk_fn(tree, step, n)
+        scalars = {k: np.asarray(v, np.float64) for k, v in scalars.items()}
+        for k, v in scalars.items():
+          if 'loss' in k and not np.isfinite(v).all():
+            raise FloatingPointError(f'training loss is NaN/Inf at steps {step + 1}..{step + n} '
+                                     '(try a smaller config.lr)')
+        self.scalars(step, n, scalars)
+        step += n
+        bar.update(n)
+        loss = [float(v.mean()) for k, v in scalars.items() if 'loss' in k]
+        if loss:
+          bar.set_postfix(loss=f'{loss[0]:.4f}')
+        if step % save_every == 0 or step == end:
+          self.save(step, tree)
+    finally:
+      bar.close()
+    return tree
+
+  # ---------------------------------------------------------------- outputs
+  def scalars(self, step0: int, n: int, scalars: Mapping[str, np.ndarray]) -> None:
+    """TensorBoard scalars of steps step0+1..step0+n ((n,) arrays per step, scalars at the last step)."""
+    if not report.is_writer():
+      return
+    if self._writer is None:
+      self._writer = report.metric_writer(self.workdir)
+    for k, v in scalars.items():
+      v = np.asarray(v, np.float64).reshape(-1)
+      if len(v) == n and n > 1:
+        for i, x in enumerate(v):
+          self._writer.write_scalars(step0 + 1 + i, {k: x})
+      else:
+        self._writer.write_scalars(step0 + n, {k: float(v.mean())})
+    self._writer.flush()
+
+  def write_metrics(self, metrics: dict) -> dict:
+    """metrics.json (process 0) with the fingerprint it was computed under; returns the dict written."""
+    metrics = {**metrics, 'fingerprint': self.fp.digest}
+    try:
+      report.write_json(os.path.join(self.workdir, 'metrics.json'), metrics)
+    except OSError as e:
+      raise os_error(e, os.path.join(self.workdir, 'metrics.json'), 'writing metrics.json') from e
+    return metrics
+
+  def path(self, *parts: str) -> str:
+    return os.path.join(self.workdir, *parts)
+
+
+def _steps_on_disk(ckpt_dir: str) -> list[int]:
+  if not os.path.isdir(ckpt_dir):
+    return []
+  return sorted(int(n) for n in os.listdir(ckpt_dir) if n.isdigit())
+
+
+def _remove_tmp_dirs(ckpt_dir: str) -> None:
+  """Orbax's temporary folders of interrupted saves (a kill mid-save leaves one)."""
+  if not os.path.isdir(ckpt_dir):
+    return
+  for n in os.listdir(ckpt_dir):
+    if _TMP_MARK in n:
+      shutil.rmtree(os.path.join(ckpt_dir, n), ignore_errors=True)
+
+
+def latest_params(ckpt_dir: str, key: str = 'params'):
+  """`tree[key]` of the newest checkpoint in a finished run's checkpoints/ folder (to start another run)."""
+  import orbax.checkpoint as ocp
+  if not os.path.isdir(ckpt_dir):
+    raise UserError(f'{ckpt_dir}: not a checkpoints folder')
+  mngr = ocp.CheckpointManager(os.path.abspath(ckpt_dir), options=ocp.CheckpointManagerOptions(read_only=True))
+  try:
+    step = mngr.latest_step()
+    if step is None:
+      raise UserError(f'{ckpt_dir}: no checkpoint in this folder')
+    return mngr.restore(step)[key]
+  finally:
+    mngr.close()
+
+
+def write_npz(path: str, **arrays) -> None:
+  """An output .npz of the run (process 0), atomically; OS errors as one line."""
+  if report.is_writer():
+    try:
+      ops.save_npz_atomic(path, **arrays)
+    except OSError as e:
+      raise os_error(e, path, 'writing') from e
+
+
