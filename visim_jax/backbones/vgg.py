@@ -1,0 +1,198 @@
+"""VGG16 (Simonyan & Zisserman 2015, configuration D) convolutional part in Flax, with torchvision's ImageNet keys.
+
+Architecture (torchvision `vgg16`, `cfgs['D']`, no batch norm): thirteen 3x3 convolutions (stride 1, padding 1),
+each followed by ReLU, in five blocks of widths 64, 64 | 128, 128 | 256 x 3 | 512 x 3 | 512 x 3, each block ending
+in a 2x2 max pool of stride 2 (floor, as torch's default ceil_mode=False). The fully connected classifier is not
+built: paper 002 uses VGG16 off the shelf as a convolutional feature extractor for R-MAC (visim_jax/rmac.py).
+
+Stages returned (NHWC, after the ReLU): 'conv1_2', 'conv2_2', 'conv3_3', 'conv4_3', 'conv5_3' (the last
+convolutional layer, where Tolias et al. compute R-MAC) and 'pool5' (after the last max pool: where the SimNet
+authors' MatConvNet code, `featnet.layers(1:31)`, computes it). `final` = 'pool5'. The network is fully
+convolutional, so any input size works (R-MAC feeds whole images, max side 1024).
+
+Weights: torchvision's state dict names and layouts: `features.{i}.weight` (O, I, 3, 3) / `features.{i}.bias` for
+the conv layers at indices i in CONV_INDICES (`classifier.*` entries are ignored), stored once as safetensors (or
+npz) at `$VISIM_JAX_WEIGHTS/vgg16.safetensors` (or weights=PATH); `convert_state_dict` maps them to Flax (OIHW ->
+HWIO). A torchvision `.pth` is converted once, offline, by reading it through visim_jax.safe_pickle (see
+`convert`), never unpickled at run time. Preprocessing: torchvision's ImageNet mean / std.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from visim_jax.backbones import weights as weights_lib
+from visim_jax.backbones.base import Backbone, sha256_file
+from visim_jax.preprocess import Preprocess
+
+IMAGENET_MEAN = tuple(255.0 * v for v in (0.485, 0.456, 0.406))
+IMAGENET_STD = tuple(255.0 * v for v in (0.229, 0.224, 0.225))
+
+# torchvision cfgs['D'] as blocks of conv widths; a max pool ends every block
+BLOCKS = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 512))
+TINY_BLOCKS = ((4, 4), (8, 8), (8, 8, 8), (16, 16, 16), (16, 16, 16))
+STAGES = ('conv1_2', 'conv2_2', 'conv3_3', 'conv4_3', 'conv5_3', 'pool5')
+DEFAULT_LAYERS = ('conv5_3',)
+
+
+def conv_indices(blocks: Sequence[Sequence[int]] = BLOCKS) -> tuple[int, ...]:
+  """Positions of the conv layers in torchvision's `features` Sequential (conv, relu, ..., pool per block)."""
+  out, i = [], 0
+  for block in blocks:
+    for _ in block:
+      out.append(i)
+      i += 2            # conv + relu
+    i += 1              # max pool
+  return tuple(out)
+
+
+CONV_INDICES = conv_indices()  # (0, 2, 5, 7, 10, 12, 14, 17, 19, 21, 24, 26, 28)
+
+
+class VGG(nn.Module):
+  blocks: Sequence[Sequence[int]] = BLOCKS
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    stages = {}
+    idx = iter(conv_indices(self.blocks))
+    for b, block in enumerate(self.blocks):
+      for j, width in enumerate(block):
+        x = nn.Conv(width, (3, 3), padding=((1, 1), (1, 1)), dtype=self.dtype, name=f'features_{next(idx)}')(x)
+        x = nn.relu(x)
+      stages[f'conv{b + 1}_{len(block)}'] = x
+      x = nn.max_pool(x, (2, 2), strides=(2, 2), padding='VALID')
+    stages['pool5'] = x
+    return x, stages
+
+
+def apply_vgg(blocks, variables, x):
+  """Pure (final, stages) of VGG on a normalised NHWC batch, computed at x.dtype."""
+  return VGG(blocks, x.dtype).apply(variables, x)
+
+
+# ------------------------------------------------------------------------------------ weights (torchvision names)
+
+def convert_state_dict(sd: dict, blocks: Sequence[Sequence[int]] = BLOCKS, where: str = 'weights') -> dict:
+  """torchvision VGG16 state dict -> flax variables {'params': {'features_i': {'kernel', 'bias'}}}."""
+  sd = {(k[len('module.'):] if k.startswith('module.') else k): v for k, v in sd.items()}
+  params = {}
+  for i in conv_indices(blocks):
+    try:
+      w, b = np.asarray(sd[f'features.{i}.weight'], np.float32), np.asarray(sd[f'features.{i}.bias'], np.float32)
+    except KeyError as e:
+      raise ValueError(f'{where}: not a torchvision VGG16 state dict (missing {e.args[0]})') from None
+    if w.ndim != 4 or w.shape[2:] != (3, 3) or b.shape != w.shape[:1]:
+      raise ValueError(f'{where}: features.{i}.weight {w.shape} / bias {b.shape} are not a 3x3 conv')
+    params[f'features_{i}'] = {'kernel': np.transpose(w, (2, 3, 1, 0)), 'bias': b}
+  extra = sorted(k for k in sd if k.startswith('features.') and int(k.split('.')[1]) not in conv_indices(blocks))
+  if extra:
+    raise ValueError(f'{where}: unexpected entries {extra[:3]} (VGG16 without batch norm expected)')
+  return {'params': params}
+
+
+def read_weights(path: str) -> dict[str, np.ndarray]:
+  """{name: array} from .safetensors or .npz (never a pickle)."""
+  if path.endswith('.safetensors'):
+    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+    return load_file(path)
+  if path.endswith('.npz'):
+    with np.load(path, allow_pickle=False) as z:
+      return {k: z[k] for k in z.files}
+  raise ValueError(f'{path}: expected a .safetensors or .npz file (convert a torchvision vgg16-*.pth once with '
+                   '`python -m visim_jax.backbones.vgg --input vgg16-397923af.pth --output vgg16.safetensors`)')
+
+
+def _shapes(blocks):
+  x = jax.ShapeDtypeStruct((1, 32, 32, 3), jnp.float32)
+  model = VGG(blocks)
+  return model, jax.eval_shape(lambda x: model.init(jax.random.PRNGKey(0), x), x)
+
+
+def load_variables(path: str, blocks=BLOCKS, name: str = 'vgg16') -> tuple[dict, str]:
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+        f'{name}: weights file {path} not found. Convert torchvision\'s vgg16-397923af.pth once: '
+        f'`python -m visim_jax.backbones.vgg --input vgg16-397923af.pth --output {path}` (default location '
+        f'{weights_lib.default_location(name)}.safetensors; set VISIM_JAX_WEIGHTS to move it), or pass '
+        'weights=/path/to/file.safetensors; for tests use tiny=True or random_init=SEED')
+  variables = convert_state_dict(read_weights(path), blocks, path)
+  _, shapes = _shapes(blocks)
+  if jax.tree.map(lambda a: a.shape, variables) != jax.tree.map(lambda a: tuple(a.shape), dict(shapes)):
+    raise ValueError(f'{name}: {path}: weights do not fit VGG16 (widths {blocks})')
+  return variables, sha256_file(path)
+
+
+def vgg16(weights: str | None = None, random_init: int | None = None, tiny: bool = False,
+          layers: str | Sequence[str] | None = None) -> Backbone:
+  """VGG16 conv part: converted torchvision weights (offline), `random_init=SEED`, or `tiny=True` (random, tiny)."""
+  name = 'vgg16'
+  if weights is not None and random_init is not None:
+    raise ValueError(f'{name}: weights= and random_init= are exclusive')
+  blocks = TINY_BLOCKS if tiny else BLOCKS
+  if weights is None and (tiny or random_init is not None):
+    seed = 0 if random_init is None else int(random_init)
+    model, _ = _shapes(blocks)
+    variables = weights_lib.random_variables(lambda key: model.init(key, jnp.zeros((1, 32, 32, 3))), seed)
+    weights_id = f'random:{seed}' + (':tiny' if tiny else '')
+    where = f'random weights, seed {seed}{", tiny widths" if tiny else ""}'
+  else:
+    path = os.path.expanduser(weights) if weights else weights_lib.default_location(name) + '.safetensors'
+    variables, weights_id = load_variables(path, blocks, name)
+    where = path
+  if isinstance(layers, str):
+    layers = [l.strip() for l in layers.split(',') if l.strip()]
+  layers = tuple(layers) if layers else DEFAULT_LAYERS
+  unknown = sorted(set(layers) - set(STAGES))
+  if unknown:
+    raise ValueError(f'{name}: layers={unknown} unknown; stages: {", ".join(STAGES)}')
+  return Backbone(
+      name=name,
+      apply_fn=functools.partial(apply_vgg, blocks),
+      variables=variables,
+      preprocess=Preprocess(size=224, resize='shorter_crop', resize_to=256, mean=IMAGENET_MEAN, std=IMAGENET_STD),
+      layers=layers,
+      weights_id=weights_id,
+      labels=None,
+      description=f'VGG16 ImageNet-1k (torchvision), conv stages up to conv5_3 / pool5 [{where}]',
+  )
+
+
+# ------------------------------------------------------------------------------------ one-time conversion (offline)
+
+def convert(input_path: str, output_path: str, blocks: Sequence[Sequence[int]] = BLOCKS) -> str:
+  """torchvision vgg16-*.pth (read by the restricted unpickler, no torch) or .safetensors/.npz -> safetensors of
+  the conv weights (torchvision names, float32). Returns the output's sha256."""
+  from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
+  from visim_jax import ops, safe_pickle  # pylint: disable=g-import-not-at-top
+  if not output_path.endswith('.safetensors'):
+    raise ValueError(f'--output {output_path}: must end with .safetensors')
+  if input_path.endswith(('.safetensors', '.npz')):
+    sd = read_weights(input_path)
+  else:
+    sd = safe_pickle.load_torch_state_dict(input_path)
+  convert_state_dict(sd, blocks, input_path)          # validates
+  keep = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in sd.items() if k.startswith('features.')}
+  ops.atomic_write_bytes(output_path, save(keep))
+  return sha256_file(output_path)
+
+
+def main(argv=None) -> int:
+  import argparse  # pylint: disable=g-import-not-at-top
+  p = argparse.ArgumentParser(description='Convert torchvision VGG16 ImageNet weights to safetensors (offline).')
+  p.add_argument('--input', required=True, help="torchvision's vgg16-397923af.pth, or a .safetensors / .npz")
+  p.add_argument('--output', required=True, help='output .safetensors')
+  args = p.parse_args(argv)
+  print(f'{args.output}: sha256 {convert(args.input, args.output)}')
+  return 0
+
+
+if __name__ == '__main__':
+  raise SystemExit(main())
