@@ -9,6 +9,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+# torchvision's ImageNet normalisation, on the 0..255 scale of Preprocess.mean / std
+IMAGENET_MEAN = tuple(255.0 * v for v in (0.485, 0.456, 0.406))
+IMAGENET_STD = tuple(255.0 * v for v in (0.229, 0.224, 0.225))
+
 
 @dataclasses.dataclass(frozen=True)
 class Preprocess:
