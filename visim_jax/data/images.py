@@ -1,37 +1,115 @@
-"""Decoding and resizing images on the host (PIL), with errors that name the file."""
+"""Decoding and resizing images on the host (PIL), with errors that name the file.
+
+Every PIL mode becomes 8-bit RGB by one documented rule (`to_rgb`; `Image.convert('RGB')` alone clips 16-bit
+and float images to white):
+
+- RGB: as decoded. 16-bit RGB(A) PNGs are decoded by Pillow to 8 bits by keeping the high byte (v >> 8).
+- 1, L: grey replicated to R = G = B (1-bit: 0 / 255).
+- I;16, I;16B, I;16L, I;16N (16-bit grey PNG / TIFF): v >> 8, the same rule Pillow uses for 16-bit RGB, libpng's
+  strip_16 and torchvision's uint16 -> uint8 conversion; it inverts the 8 -> 16-bit expansion v * 257 exactly.
+- I (32-bit integer grey): read on the 16-bit scale (older Pillows decode 16-bit PNGs to I): clip to
+  [0, 65535], then v >> 8.
+- F (32-bit float grey): read on the [0, 1] scale of float images (scikit-image, torchvision): clip, x 255,
+  round; NaN -> 0. `float_max=255` reads it on Pillow's own 0..255 scale instead.
+- CMYK: Pillow's conversion R = (255 - C)(255 - K) / 255 (no ICC colour management); YCbCr, HSV, RGBX: Pillow's.
+- Alpha (RGBA, LA, PA, RGBa, La, P or L or RGB with a transparency entry): composited on white by default
+  (alpha='white'), as a browser or a contact sheet shows the image: pixels under full transparency often hold
+  arbitrary colours (black, garbage) that nobody sees and that would change the features. alpha='drop' keeps
+  the stored colours (what `convert('RGB')`, and so the reference's reader, does).
+- EXIF orientation is applied first (ImageOps.exif_transpose; exif='all', the default), as the reference's
+  reader does for JPEGs (scikit-image 0.18 -> imageio 2.9 JPEG-PIL, exifrotate=True); exif='jpeg' rotates JPEGs
+  only (exactly the reference), exif='none' never (PIL's Image.open).
+"""
 from __future__ import annotations
 
 import os
 from typing import Iterable, Sequence
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
+from visim_jax.errors import UserError
 from visim_jax.preprocess import Preprocess
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp', '.tif', '.tiff', '.ppm')
 _RESAMPLE = {'bilinear': Image.Resampling.BILINEAR, 'bicubic': Image.Resampling.BICUBIC}
+ALPHA = ('white', 'drop')
+EXIF = ('all', 'jpeg', 'none')
 
 
-class ImageError(ValueError):
+class ImageError(UserError):
   """An image that cannot be used; the message names the file."""
 
 
-def open_rgb(path: str | os.PathLike) -> Image.Image:
-  """Opens and fully decodes an image as RGB; raises ImageError naming the file on any problem."""
+def _grey_to_rgb(v: np.ndarray) -> Image.Image:
+  return Image.fromarray(np.repeat(v.astype(np.uint8)[..., None], 3, axis=-1), 'RGB')
+
+
+def _on_white(colour: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+  """round(c * a / 255 + 255 * (1 - a / 255)) in exact integer arithmetic (255 is odd: no ties)."""
+  c = colour.astype(np.int32)
+  a = alpha.astype(np.int32)[..., None] if colour.ndim == alpha.ndim + 1 else alpha.astype(np.int32)
+  return ((c * a + 255 * (255 - a) + 127) // 255).astype(np.uint8)
+
+
+def to_rgb(im: Image.Image, alpha: str = 'white', float_max: float = 1.0) -> Image.Image:
+  """Any PIL image -> 8-bit RGB by the module's rules (alpha: 'white' | 'drop'; F read on [0, float_max])."""
+  if alpha not in ALPHA:
+    raise ValueError(f'alpha: expected one of {ALPHA}, got {alpha!r}')
+  mode = im.mode
+  if mode == 'RGB':
+    return im
+  if mode.startswith('I;16') or mode in ('I', 'I;32', 'I;32B', 'I;32L'):
+    v = np.asarray(im).astype(np.int64)
+    return _grey_to_rgb(np.clip(v, 0, 65535) >> 8)
+  if mode == 'F':
+    v = np.nan_to_num(np.asarray(im, np.float64), nan=0.0, posinf=float_max, neginf=0.0)
+    return _grey_to_rgb(np.rint(np.clip(v / float_max, 0.0, 1.0) * 255.0))
+  if mode == 'La':  # premultiplied grey + alpha: on white = Lp + (255 - a)
+    v = np.asarray(im).astype(np.int32)
+    lum, a = v[..., 0], v[..., 1]
+    if alpha == 'white':
+      return _grey_to_rgb(np.clip(lum + 255 - a, 0, 255))
+    return _grey_to_rgb(np.where(a > 0, np.clip((lum * 255 + a // 2) // np.maximum(a, 1), 0, 255), 0))
+  if mode == 'LAB':
+    from PIL import ImageCms
+    return ImageCms.applyTransform(im, ImageCms.buildTransform(ImageCms.createProfile('LAB'),
+                                                               ImageCms.createProfile('sRGB'), 'LAB', 'RGB'))
+  has_alpha = mode in ('RGBA', 'LA', 'PA', 'RGBa') or 'transparency' in im.info
+  if not has_alpha or alpha == 'drop':
+    return im.convert('RGB')
+  if mode == 'LA':
+    v = np.asarray(im)
+    return _grey_to_rgb(_on_white(v[..., 0], v[..., 1]))
+  v = np.asarray(im.convert('RGBA'))  # P / PA / L / RGB with transparency, RGBa (un-premultiplied by PIL)
+  return Image.fromarray(_on_white(v[..., :3], v[..., 3]), 'RGB')
+
+
+def open_rgb(path: str | os.PathLike, alpha: str = 'white', exif: str = 'all',
+             float_max: float = 1.0) -> Image.Image:
+  """Opens and fully decodes an image as 8-bit RGB (EXIF orientation applied, see the module's rules);
+  raises ImageError naming the file on any problem."""
+  if exif not in EXIF:
+    raise ValueError(f'exif: expected one of {EXIF}, got {exif!r}')
   path = os.fspath(path)
   if not os.path.exists(path):
     raise ImageError(f'{path}: image file not found')
   if os.path.isdir(path):
     raise ImageError(f'{path}: is a folder, not an image file')
   try:
-    with Image.open(path) as im:
-      im.load()  # force full decode: truncated files fail here, not later
-      return im.convert('RGB')
+    with Image.open(path) as opened:
+      opened.load()  # force full decode: truncated files fail here, not later
+      im = opened
+      if exif == 'all' or (exif == 'jpeg' and opened.format == 'JPEG'):
+        im = ImageOps.exif_transpose(opened)
+      rgb = to_rgb(im, alpha, float_max)
+      return rgb.copy() if rgb is opened else rgb  # closing `opened` frees its pixels
   except UnidentifiedImageError:
     raise ImageError(f'{path}: not an image file (PIL cannot identify it)') from None
-  except (OSError, SyntaxError, ValueError) as e:
-    raise ImageError(f'{path}: corrupt or truncated image ({e})') from None
+  except Image.DecompressionBombError as e:
+    raise ImageError(f'{path}: too large to decode safely ({e})') from None
+  except (OSError, SyntaxError, ValueError, TypeError) as e:
+    raise ImageError(f'{path}: corrupt, truncated or unsupported image ({type(e).__name__}: {e})') from None
 
 
 def resize(im: Image.Image, pre: Preprocess) -> np.ndarray:
@@ -58,14 +136,29 @@ def load_batch(paths: Sequence[str], pre: Preprocess) -> np.ndarray:
   return np.stack([load_image(p, pre) for p in paths]) if paths else np.zeros((0, pre.size, pre.size, 3), np.uint8)
 
 
+def check_images(paths: Sequence[str], num_threads: int = 4) -> list[tuple[str, str]]:
+  """[(path, reason)] of the images in `paths` that fail to decode (full decode, a thread pool), in order."""
+  import concurrent.futures
+
+  def one(p):
+    try:
+      open_rgb(p)
+      return None
+    except ImageError as e:
+      return p, str(e)
+
+  with concurrent.futures.ThreadPoolExecutor(max(1, num_threads)) as ex:
+    return [r for r in ex.map(one, paths) if r is not None]
+
+
 def list_images(folder: str | os.PathLike, extensions: Iterable[str] = IMAGE_EXTENSIONS) -> list[str]:
   """Sorted image files (by extension) directly in `folder`; errors name the folder."""
   folder = os.fspath(folder)
   if not os.path.isdir(folder):
-    raise FileNotFoundError(f'{folder}: image folder not found')
+    raise UserError(f'{folder}: image folder not found')
   exts = tuple(e.lower() for e in extensions)
   names = sorted(n for n in os.listdir(folder)
                  if n.lower().endswith(exts) and not n.startswith('.'))
   if not names:
-    raise ValueError(f'{folder}: no image files (looked for {", ".join(exts)})')
+    raise UserError(f'{folder}: no image files (looked for {", ".join(exts)})')
   return [os.path.join(folder, n) for n in names]
