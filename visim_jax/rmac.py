@@ -1,0 +1,230 @@
+"""R-MAC: regional maximum activations of convolutions (Tolias, Sicre & Jegou, ICLR 2016), as paper 002 uses it.
+
+Given a post-ReLU convolutional map X (H, W, C) (VGG16 conv5_3 by default):
+1. Regions (`region_grid`, Tolias et al. Sec. 3 and their `rmac_regionvec_act.m`, as copied into the SimNet
+   authors' RMAC/ folder and cirtorch's `rmac`): square regions at levels l = 1..L (L = 3), side
+   wl = floor(2 min(H, W) / (l + 1)); along the long side the number of regions is l + m, where the extra m in
+   1..6 is the one making consecutive level-1 regions overlap closest to 40%:
+   m = argmin_m | (w^2 - w b_m) / w^2 - 0.4 |, b_m = (max(H, W) - w) / m, w = min(H, W) (m = 0 for a square map);
+   region starts are floor(wl2 + i b) - wl2 with b = (side - wl) / (count - 1), wl2 = floor(wl / 2 - 1).
+2. Per region, the max over its cells (MAC), then L2 (`region_vectors`).
+3. PCA-whitening learned on region vectors of a *separate* image set (`learn_whitening`: visim_jax.pca.fit with
+   whiten=True; the paper: Paris for every dataset), applied to each region vector, then L2 again.
+4. Sum of the region vectors, then L2 (`aggregate`): one C-d descriptor (512 for VGG16).
+Without a whitening, step 3 is skipped (the "R-MAC without PCA" variant). `include_global=True` adds the
+whole-map MAC as one more region (cirtorch's variant; not Tolias', not the SimNet authors').
+
+Everything in the math section is pure and jitted; the region grid is computed from the *static* map shape at
+trace time, so one batch = maps of one shape, and a batch of any shape compiles once. `region_vectors_padded`
+returns a fixed R_max with a mask so images of different shapes can be stacked afterwards.
+
+Host side (`extract_regions`, `descriptors`): images keep their aspect ratio and are scaled down so that their
+longer side is at most `max_side` (1024, the paper's "re-scaled up to 1024 pixels"; smaller images and query
+crops are not enlarged, as cirtorch's `imresize` and the authors' test.m, which feeds the crops as they are);
+images of the same resulting shape are batched together (shape buckets), so every bucket runs one jitted
+program. Region vectors (before whitening) are what gets cached: the whitening can then be learned on one set
+and applied to another without re-running the network.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from visim_jax import ops, pca
+
+OVERLAP = 0.4
+STEPS = (2, 3, 4, 5, 6, 7)     # candidate region counts along the long side at level 1
+
+
+# ------------------------------------------------------------------------------------------ the math (pure)
+
+def extra_regions(h: int, w: int, overlap: float = OVERLAP) -> tuple[int, int]:
+  """(extra regions along H, along W): the m in 1..6 for the long side (0 for the short one / a square map)."""
+  small, big = min(h, w), max(h, w)
+  if h == w:
+    return 0, 0
+  costs = [abs((small ** 2 - small * ((big - small) / (s - 1))) / small ** 2 - overlap) for s in STEPS]
+  m = int(np.argmin(costs)) + 1          # first minimum, as MATLAB's min / torch.min
+  return (m, 0) if h > w else (0, m)
+
+
+def region_grid(h: int, w: int, levels: int = 3, overlap: float = OVERLAP) -> tuple[tuple[int, int, int, int], ...]:
+  """Regions of an h x w map as (level, top, left, side), level by level, row-major within a level."""
+  hd, wd = extra_regions(h, w, overlap)
+  small = min(h, w)
+  out = []
+  for l in range(1, levels + 1):
+    wl = math.floor(2 * small / (l + 1))
+    wl2 = math.floor(wl / 2 - 1)
+
+    def starts(side, extra):
+      n = l + extra
+      b = 0.0 if n == 1 else (side - wl) / (n - 1)
+      return [math.floor(wl2 + i * b) - wl2 for i in range(n)]
+
+    if wl == 0:
+      continue
+    out += [(l, t, s, wl) for t in starts(h, hd) for s in starts(w, wd)]
+  return tuple(out)
+
+
+def region_counts(h: int, w: int, levels: int = 3, overlap: float = OVERLAP) -> list[int]:
+  """Number of regions per level (1..levels) for an h x w map."""
+  grid = region_grid(h, w, levels, overlap)
+  return [sum(1 for g in grid if g[0] == l) for l in range(1, levels + 1)]
+
+
+@functools.partial(jax.jit, static_argnames=('levels', 'overlap', 'include_global'))
+def region_vectors(fmap: jax.Array, levels: int = 3, overlap: float = OVERLAP,
+                   include_global: bool = False) -> jax.Array:
+  """(N, H, W, C) map -> (N, R, C) L2-normalised region MACs (float32), R = len(region_grid(H, W)) (+1)."""
+  x = fmap.astype(jnp.float32)
+  grid = region_grid(x.shape[1], x.shape[2], levels, overlap)
+  vecs = [x[:, t:t + s, l:l + s, :].max(axis=(1, 2)) for _, t, l, s in grid]
+  if include_global:
+    vecs = [x.max(axis=(1, 2))] + vecs
+  return ops.l2_normalize(jnp.stack(vecs, axis=1))
+
+
+def num_regions(h: int, w: int, levels: int = 3, overlap: float = OVERLAP, include_global: bool = False) -> int:
+  return len(region_grid(h, w, levels, overlap)) + int(include_global)
+
+
+def apply_whitening(white: pca.PCA | None, regions: jax.Array) -> jax.Array:
+  """PCA-whitening of L2-normalised region vectors (..., C) -> (..., dim), L2 again; identity if white is None."""
+  if white is None:
+    return regions
+  return ops.l2_normalize(pca.transform(white, regions))
+
+
+@jax.jit
+def aggregate(regions: jax.Array, white: pca.PCA | None = None, mask: jax.Array | None = None) -> jax.Array:
+  """R-MAC descriptors from region vectors (N, R, C) (mask (N, R): valid regions): whiten + L2 per region (if
+  `white`), sum over regions, L2 -> (N, dim)."""
+  v = apply_whitening(white, ops.l2_normalize(regions.astype(jnp.float32)))
+  if mask is not None:
+    v = v * mask[..., None].astype(v.dtype)
+  return ops.l2_normalize(v.sum(axis=1))
+
+
+def rmac(fmap: jax.Array, white: pca.PCA | None = None, levels: int = 3, overlap: float = OVERLAP,
+         include_global: bool = False) -> jax.Array:
+  """R-MAC of a batch of same-shape maps (N, H, W, C) -> (N, dim): `region_vectors` then `aggregate`."""
+  return aggregate(region_vectors(fmap, levels, overlap, include_global), white)
+
+
+def learn_whitening(regions: jax.Array, dim: int | None = None) -> pca.PCA:
+  """PCA-whitening (mean, top-`dim` eigenvectors, 1/std) of region vectors (M, C), L2-normalised first (as the
+  vectors it is applied to). dim defaults to C (512 for VGG16: the paper's 512-d descriptor)."""
+  x = ops.l2_normalize(jnp.asarray(regions, jnp.float32))
+  return pca.fit(x, int(dim or x.shape[1]), whiten=True)
+
+
+# ------------------------------------------------------------------------------------------------ host side
+
+def scaled_size(width: int, height: int, max_side: int, upscale: bool = False) -> tuple[int, int]:
+  """(width, height) with the longer side at most `max_side` (aspect kept); enlarged only if `upscale`."""
+  scale = max_side / max(width, height)
+  if scale >= 1.0 and not upscale:
+    return width, height
+  return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def load_image(path: str, max_side: int = 1024, bbox: Sequence[float] | None = None,
+               upscale: bool = False) -> np.ndarray:
+  """uint8 (H, W, 3): the image (cropped to bbox = x1, y1, x2, y2 in its own pixels, as the Oxford/Paris
+  queries), longer side scaled to at most max_side, aspect ratio kept (bilinear)."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from visim_jax.data import images as images_lib  # pylint: disable=g-import-not-at-top
+  im = images_lib.open_rgb(path)
+  if bbox is not None and np.all(np.isfinite(bbox)):
+    x1, y1, x2, y2 = (int(round(float(v))) for v in bbox)
+    x1, y1 = max(0, x1), max(0, y1)
+    x2, y2 = min(im.size[0], max(x2, x1 + 1)), min(im.size[1], max(y2, y1 + 1))
+    im = im.crop((x1, y1, x2, y2))
+  size = scaled_size(im.size[0], im.size[1], max_side, upscale)
+  if size != im.size:
+    im = im.resize(size, Image.Resampling.BILINEAR)
+  return np.asarray(im, np.uint8)
+
+
+def make_regions_fn(backbone, layer: str = 'conv5_3', levels: int = 3, include_global: bool = False,
+                    dtype: str = 'float32'):
+  """A jitted (variables, uint8 (N, H, W, 3)) -> (N, R, C) region vectors of `layer`; recompiles per shape only.
+  Cached on the backbone object."""
+  cache = backbone.__dict__.setdefault('_rmac_fns', {})
+  key = (layer, levels, include_global, dtype)
+  if key not in cache:
+    dt = jnp.dtype(dtype)
+
+    @jax.jit
+    def fn(variables, images):
+      x = backbone.preprocess.normalise(images, dt)
+      if dt != jnp.float32:
+        variables = jax.tree.map(lambda v: v.astype(dt) if jnp.issubdtype(v.dtype, jnp.floating) else v, variables)
+      _, stages = backbone.apply_fn(variables, x)
+      if layer not in stages:
+        raise ValueError(f'config.rmac.layer: {layer!r} is not a {backbone.name} stage ({", ".join(stages)})')
+      return region_vectors(stages[layer], levels, include_global=include_global)
+    cache[key] = fn
+  return cache[key]
+
+
+def extract_regions(backbone, paths: Sequence[str], bboxes: Sequence | None = None, layer: str = 'conv5_3',
+                    levels: int = 3, max_side: int = 1024, batch_size: int = 8, include_global: bool = False,
+                    dtype: str = 'float32', upscale: bool = False, progress: bool = True,
+                    desc: str = 'R-MAC') -> tuple[np.ndarray, np.ndarray]:
+  """Region vectors of every image: (regions (M, C) float32, offsets (N + 1,) int64; image i owns rows
+  offsets[i]:offsets[i+1]). Images are grouped by their scaled shape; each group runs in batches of one shape."""
+  from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+  if not len(paths):
+    raise ValueError('R-MAC: empty image list')
+  fn = make_regions_fn(backbone, layer, levels, include_global, dtype)
+  images = [load_image(p, max_side, None if bboxes is None else bboxes[i], upscale) for i, p in
+            enumerate(tqdm(paths, desc=f'{desc} (decode)', unit='img', disable=not progress))]
+  buckets = collections.defaultdict(list)
+  for i, im in enumerate(images):
+    buckets[im.shape].append(i)
+  per_image = [None] * len(paths)
+  bar = tqdm(total=len(paths), desc=desc, unit='img', disable=not progress)
+  for shape, idx in sorted(buckets.items()):
+    for s in range(0, len(idx), batch_size):
+      chunk = idx[s:s + batch_size]
+      x = np.stack([images[i] for i in chunk])
+      if len(chunk) < batch_size and len(idx) > batch_size:   # pad the bucket's last batch: one program per shape
+        x = np.concatenate([x, np.zeros((batch_size - len(chunk),) + x.shape[1:], x.dtype)])
+      r = np.asarray(fn(backbone.variables, x))
+      for j, i in enumerate(chunk):
+        per_image[i] = r[j]
+      bar.update(len(chunk))
+  bar.close()
+  counts = np.asarray([len(r) for r in per_image], np.int64)
+  offsets = np.concatenate([[0], np.cumsum(counts)])
+  return np.concatenate(per_image).astype(np.float32), offsets
+
+
+def pad_regions(regions: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Ragged (M, C) + offsets -> padded (N, R_max, C) and mask (N, R_max)."""
+  counts = np.diff(offsets)
+  n, r_max = len(counts), int(counts.max()) if len(counts) else 0
+  out = np.zeros((n, r_max, regions.shape[1]), np.float32)
+  mask = np.zeros((n, r_max), bool)
+  for i, (a, c) in enumerate(zip(offsets[:-1], counts)):
+    out[i, :c] = regions[a:a + c]
+    mask[i, :c] = True
+  return out, mask
+
+
+def descriptors(regions: np.ndarray, offsets: np.ndarray, white: pca.PCA | None = None,
+                chunk: int = 1024) -> np.ndarray:
+  """Final R-MAC descriptors (N, dim) from cached region vectors, whitened by `white` (or not)."""
+  padded, mask = pad_regions(regions, offsets)
+  out = [np.asarray(aggregate(jnp.asarray(padded[i:i + chunk]), white, jnp.asarray(mask[i:i + chunk])))
+         for i in range(0, len(padded), chunk)]
+  return np.concatenate(out).astype(np.float32)
