@@ -40,7 +40,7 @@ def _torch_model(family):
   raise ValueError(family)
 
 
-@pytest.mark.parametrize('name', ['clip_vit_b32', 'vit_b16', 'dinov2_s14', 'resnet50', 'regnet_y_040'])
+@pytest.mark.parametrize('name', ['clip_vit_b32', 'vit_b16', 'dinov2_s14', 'hf_resnet50', 'regnet_y_040'])
 def test_parity_with_pytorch(name, tmp_path):
   torch = pytest.importorskip('torch')
   family = hf.SPECS[name].family
@@ -75,7 +75,7 @@ def test_every_family_builds_offline_with_tiny_and_random_init(monkeypatch):
   monkeypatch.setenv('HF_HUB_OFFLINE', '1')
   names = [n for n in list_backbones() if n in hf.SPECS]
   assert {'clip_vit_b32', 'clip_vit_b16', 'clip_vit_l14', 'vit_b16', 'dinov2_s14', 'dinov2_b14', 'dinov2_l14',
-          'resnet50', 'resnet101', 'resnet152', 'regnet_y_040'} <= set(names)
+          'hf_resnet50', 'hf_resnet101', 'hf_resnet152', 'regnet_y_040'} <= set(names)
   families = {}
   for name in names:  # every name resolves to a factory; one build per family (they share the tiny config)
     families.setdefault(hf.SPECS[name].family, name)
@@ -92,7 +92,7 @@ def test_every_family_builds_offline_with_tiny_and_random_init(monkeypatch):
 
 def test_real_architecture_with_random_weights_has_paper_dims():
   from visim_jax import features
-  b = get_backbone('resnet50', random_init=0)
+  b = get_backbone('hf_resnet50', random_init=0)
   assert sum(features.layer_dims(b, b.layers).values()) == 3840  # paper 001 Table 1
   assert b.preprocess.size == 224 and b.preprocess.resize_to == 256
 
@@ -108,11 +108,11 @@ def test_missing_weights_fail_offline_naming_the_folder(monkeypatch, tmp_path):
   (tmp_path / 'pt' / 'config.json').write_text('{}')
   (tmp_path / 'pt' / 'pytorch_model.bin').write_bytes(b'not read')
   with pytest.raises(ValueError, match='never unpickled'):
-    get_backbone('resnet50', weights=str(tmp_path / 'pt'))
+    get_backbone('hf_resnet50', weights=str(tmp_path / 'pt'))
 
 
 @pytest.mark.parametrize('name,flax_class', [('clip_vit_b32', 'FlaxCLIPModel'),
-                                             ('resnet50', 'FlaxResNetForImageClassification')])
+                                             ('hf_resnet50', 'FlaxResNetForImageClassification')])
 def test_flax_msgpack_checkpoints_load_like_safetensors(name, flax_class, tmp_path):
   """The hub's openai/clip-* and microsoft/resnet-* repos hold flax_model.msgpack (of the model with its head or
   both towers), which the loader prefers: the same weights must come out as from model.safetensors."""

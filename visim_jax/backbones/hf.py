@@ -13,7 +13,8 @@ Stages returned (`apply_fn(variables, x_nhwc) -> (final, stages)`):
   `final` = 'pooled'. Default layers: ('pooled',), as the paper. Intermediate blocks are selectable by name
   (`config.layers=['block6', 'block12', 'pooled']` or `layers=` here).
   Note: for ViT the HF 'pooler' (dense + tanh, untrained in the ImageNet-1k classifier checkpoint) is not used.
-- ResNet-like (resnet*, regnet_*): 'stem' (after the stem max-pool), 'stage1'..'stage4' (NHWC), 'pooled' (global
+- ResNet-like (hf_resnet*, regnet_*; the HF microsoft/resnet-* weights are timm-derived, not torchvision's:
+  the paper's resnet18..152 are resnet.py's): 'stem' (after the stem max-pool), 'stage1'..'stage4' (NHWC), 'pooled' (global
   average of stage4, (N, C)). `final` = 'pooled'. Default layers: the four stage outputs.
 
 Preprocessing follows each reference image processor: CLIP (CLIPImageProcessor): shorter side 224 bicubic,
@@ -108,17 +109,17 @@ SPECS: dict[str, Spec] = {
     'dinov2_l14': Spec('dinov2', 'facebook/dinov2-large',
                        dict(_DINO, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16),
                        'DINOv2 ViT-L/14, CLS token 1024-d'),
-    'resnet18': Spec('resnet', 'microsoft/resnet-18',
+    'hf_resnet18': Spec('resnet', 'microsoft/resnet-18',
                      dict(layer_type='basic', hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2]),
                      'ResNet-18 ImageNet-1k (HF), stages 64+128+256+512'),
-    'resnet34': Spec('resnet', 'microsoft/resnet-34',
+    'hf_resnet34': Spec('resnet', 'microsoft/resnet-34',
                      dict(layer_type='basic', hidden_sizes=[64, 128, 256, 512], depths=[3, 4, 6, 3]),
                      'ResNet-34 ImageNet-1k (HF), stages 64+128+256+512'),
-    'resnet50': Spec('resnet', 'microsoft/resnet-50', dict(depths=[3, 4, 6, 3]),
+    'hf_resnet50': Spec('resnet', 'microsoft/resnet-50', dict(depths=[3, 4, 6, 3]),
                      'ResNet-50 ImageNet-1k (HF), stages 256+512+1024+2048'),
-    'resnet101': Spec('resnet', 'microsoft/resnet-101', dict(depths=[3, 4, 23, 3]),
+    'hf_resnet101': Spec('resnet', 'microsoft/resnet-101', dict(depths=[3, 4, 23, 3]),
                       'ResNet-101 ImageNet-1k (HF), stages 256+512+1024+2048'),
-    'resnet152': Spec('resnet', 'microsoft/resnet-152', dict(depths=[3, 8, 36, 3]),
+    'hf_resnet152': Spec('resnet', 'microsoft/resnet-152', dict(depths=[3, 8, 36, 3]),
                       'ResNet-152 ImageNet-1k (HF), stages 256+512+1024+2048'),
     'regnet_y_040': Spec('regnet', 'facebook/regnet-y-040', _regnet((2, 6, 12, 2), (128, 192, 512, 1088), 64),
                          'RegNetY-4.0GF ImageNet-1k (HF)'),

@@ -15,6 +15,9 @@ import importlib
 import inspect
 from typing import Callable
 
+import jax
+import jax.numpy as jnp
+
 from visim_jax.backbones.base import Backbone
 
 # name -> ('module:function', description, takes_name): a family factory (takes_name) is called as
@@ -47,11 +50,11 @@ _HF = {
     'dinov2_s14': 'DINOv2 ViT-S/14 (facebook/dinov2-small), CLS token 384-d',
     'dinov2_b14': 'DINOv2 ViT-B/14 (facebook/dinov2-base), CLS token 768-d',
     'dinov2_l14': 'DINOv2 ViT-L/14 (facebook/dinov2-large), CLS token 1024-d',
-    'resnet18': 'ResNet-18 ImageNet-1k (microsoft/resnet-18), stages 64+128+256+512',
-    'resnet34': 'ResNet-34 ImageNet-1k (microsoft/resnet-34), stages 64+128+256+512',
-    'resnet50': 'ResNet-50 ImageNet-1k (microsoft/resnet-50), stages 256+512+1024+2048',
-    'resnet101': 'ResNet-101 ImageNet-1k (microsoft/resnet-101), stages 256+512+1024+2048',
-    'resnet152': 'ResNet-152 ImageNet-1k (microsoft/resnet-152), stages 256+512+1024+2048',
+    'hf_resnet18': 'ResNet-18 ImageNet-1k (microsoft/resnet-18, timm-derived weights: not the paper\'s), stages 64+128+256+512',
+    'hf_resnet34': 'ResNet-34 ImageNet-1k (microsoft/resnet-34, timm-derived weights: not the paper\'s), stages 64+128+256+512',
+    'hf_resnet50': 'ResNet-50 ImageNet-1k (microsoft/resnet-50, timm-derived weights: not the paper\'s), stages 256+512+1024+2048',
+    'hf_resnet101': 'ResNet-101 ImageNet-1k (microsoft/resnet-101, timm-derived weights: not the paper\'s), stages 256+512+1024+2048',
+    'hf_resnet152': 'ResNet-152 ImageNet-1k (microsoft/resnet-152, timm-derived weights: not the paper\'s), stages 256+512+1024+2048',
     'regnet_y_040': 'RegNetY-4.0GF ImageNet-1k (facebook/regnet-y-040), stages 128+192+512+1088',
     'regnet_y_080': 'RegNetY-8.0GF ImageNet-1k (facebook/regnet-y-080), stages 168+448+896+2016',
     'regnet_y_160': 'RegNetY-16GF ImageNet-1k (facebook/regnet-y-160), stages 224+448+1232+3024',
@@ -59,6 +62,49 @@ _HF = {
 }
 for _name, _desc in _HF.items():
   _REGISTRY[_name] = ('visim_jax.backbones.hf:hf_backbone', _desc, True)
+
+# timm / DINO ViTs with the seed code's weights (visim_jax/backbones/vit.py; paper 001 Table 1 names)
+_VIT = {
+    'vit': 'ViT-B/16 timm vit_base_patch16_224 (in21k ft in1k, timm 0.4.5 weights), CLS token 768-d',
+    'deits16': 'DINO ViT-S/16 (dino_deits16), CLS token 384-d',
+    'deits8': 'DINO ViT-S/8 (dino_deits8), CLS token 384-d',
+    'dino_vitb16': 'DINO ViT-B/16 (dino_vitb16), CLS token 768-d',
+    'dino_vitb8': 'DINO ViT-B/8 (dino_vitb8), CLS token 768-d',
+}
+for _name, _desc in _VIT.items():
+  _REGISTRY[_name] = ('visim_jax.backbones.vit:vit_backbone', _desc, True)
+# EfficientNet B0-B3 with gen-efficientnet's PyTorch weights (visim_jax/backbones/efficientnet.py), last layer
+for _name, _dims in (('efficientnet_b0', 1280), ('efficientnet_b1', 1280), ('efficientnet_b2', 1408),
+                     ('efficientnet_b3', 1536)):
+  _REGISTRY[_name] = ('visim_jax.backbones.efficientnet:efficientnet',
+                      f'EfficientNet-{_name[-2:].upper()} ImageNet-1k (gen-efficientnet {_name}), head {_dims}-d', True)
+
+
+# Paper 001 Table 1 families: torchvision-style ResNet/ResNeXt (resnet.py), BiT-M ResNetV2 (bit.py), AlexNet
+# (alexnet.py); weights converted once by `python -m visim_jax.backbones.convert --backbone=NAME --checkpoint=FILE`
+_TORCHVISION_RN = {
+    'resnet18': 'ResNet-18 ImageNet-1k (torchvision weights, as the paper), stages 64+128+256+512 = 960',
+    'resnet34': 'ResNet-34 ImageNet-1k (torchvision), stages 64+128+256+512 = 960',
+    'resnet50': 'ResNet-50 ImageNet-1k (torchvision), stages 256+512+1024+2048 = 3840',
+    'resnet101': 'ResNet-101 ImageNet-1k (torchvision), stages = 3840',
+    'resnet152': 'ResNet-152 ImageNet-1k (torchvision), stages = 3840',
+    'resnet50_ssl': 'ResNet-50 semi-supervised (facebookresearch/semi-supervised-ImageNet1K-models), 3840',
+    'resnext101_32x8d_ssl': 'ResNeXt-101 32x8d semi-supervised, 3840',
+    'resnext101_32x16d_ssl': 'ResNeXt-101 32x16d semi-supervised (the seed code loads it under resnext101_32x8d_ssl), 3840',
+    'resnet50_swsl': 'ResNet-50 semi-weakly supervised, 3840',
+    'resnext101_32x8d_swsl': 'ResNeXt-101 32x8d semi-weakly supervised, 3840',
+    'resnext101_32x16d_swsl': 'ResNeXt-101 32x16d semi-weakly supervised, 3840',
+    'resnext101_32x8d_wsl': 'ResNeXt-101 32x8d weakly supervised (facebookresearch/WSL-Images), 3840',
+    'resnext101_32x16d_wsl': 'ResNeXt-101 32x16d weakly supervised (WSL-Images), 3840',
+    'resnext101_32x32d_wsl': 'ResNeXt-101 32x32d weakly supervised (WSL-Images), 3840',
+    'resnext101_32x48d_wsl': 'ResNeXt-101 32x48d weakly supervised (WSL-Images), 3840',
+    'barlow': 'Barlow Twins ResNet-50, self-supervised (facebookresearch/barlowtwins), 3840',
+    'dino_resnet50': 'DINO ResNet-50, self-supervised (facebookresearch/dino), 3840',
+}
+for _name, _desc in _TORCHVISION_RN.items():
+  _REGISTRY[_name] = ('visim_jax.backbones.resnet:resnet_backbone', _desc, True)
+_REGISTRY['alexnet'] = ('visim_jax.backbones.alexnet:alexnet_backbone',
+                        'AlexNet ImageNet-1k (torchvision), last conv block after its max pool, 256', True)
 
 
 def register(name: str, target: str, description: str = '', takes_name: bool = False) -> None:
@@ -77,6 +123,24 @@ def resolve(name: str) -> Callable[..., Backbone]:
   module, fn = target.split(':')
   factory = getattr(importlib.import_module(module), fn)
   return functools.partial(factory, name) if takes_name else factory
+
+
+def target(name: str) -> str:
+  """'module:function' of the factory that builds `name` (nothing imported)."""
+  if name not in _REGISTRY:
+    raise ValueError(f'config.backbone: unknown backbone {name!r}; known: {", ".join(sorted(_REGISTRY))}')
+  return _REGISTRY[name][0]
+
+
+def pooled_dim(name: str) -> int:
+  """Length of NAME's default feature vector (its default layers' channels summed), by jax.eval_shape: no
+  weights are read or made for families that take `abstract=True` (others are built with random weights)."""
+  factory = resolve(name)
+  abstract = 'abstract' in inspect.signature(factory).parameters
+  b = factory(abstract=True) if abstract else factory(random_init=0)
+  x = jax.ShapeDtypeStruct((1, b.preprocess.size, b.preprocess.size, 3), jnp.uint8)
+  _, stages = jax.eval_shape(b.__call__, x)
+  return sum(int(stages[l].shape[-1]) for l in b.layers)
 
 
 def get_backbone(name: str, **kwargs) -> Backbone:

@@ -114,3 +114,108 @@ def random_variables(init_fn, seed: int) -> dict:
       value *= np.float32(std)
     out[path] = value.astype(sd.dtype, copy=False)
   return unflatten_dict(out)
+
+
+# ------------------------------------------------ converted PyTorch-layout weights (written by backbones/convert.py)
+
+def convert_command(name: str) -> str:
+  return f'python -m visim_jax.backbones.convert --backbone={name} --checkpoint=FILE'
+
+
+def converted_path(name: str, weights: str | None = None) -> str:
+  """The converted weight file of backbone NAME: `weights` if given, else `$VISIM_JAX_WEIGHTS/NAME.safetensors`."""
+  return os.path.expanduser(os.fspath(weights)) if weights else default_location(name) + '.safetensors'
+
+
+def read_tensors(path: str) -> dict[str, np.ndarray]:
+  """{name: array} from a .safetensors or .npz file (never a pickle)."""
+  if path.endswith('.safetensors'):
+    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+    return load_file(path)
+  if path.endswith('.npz'):
+    with np.load(path, allow_pickle=False) as z:
+      return {k: z[k] for k in z.files}
+  from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+  raise UserError(f'{path}: expected a .safetensors or .npz file; convert a checkpoint once with '
+                  '`python -m visim_jax.backbones.convert --backbone=NAME --checkpoint=FILE`')
+
+
+def check_sidecar(path: str) -> str:
+  """sha256 of `path`; must equal the one recorded in `<path>.json` when that sidecar exists."""
+  import json  # pylint: disable=g-import-not-at-top
+  from visim_jax.backbones.base import sha256_file  # pylint: disable=g-import-not-at-top
+  from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+  digest = sha256_file(path)
+  sidecar = path + '.json'
+  if os.path.exists(sidecar):
+    with open(sidecar) as f:
+      recorded = json.load(f).get('sha256')
+    if recorded and recorded != digest:
+      raise UserError(f'{path}: sha256 {digest} differs from the one recorded in {sidecar} ({recorded}): the file '
+                      'is corrupt or was replaced; convert it again')
+  return digest
+
+
+def load_converted(name: str, weights: str | None = None) -> tuple[dict[str, np.ndarray], str, str]:
+  """(tensors, sha256, path) of NAME's converted weights; a missing file names the folder and the command."""
+  path = converted_path(name, weights)
+  if not os.path.isfile(path):
+    from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+    raise UserError(
+        f'{path}: no converted weights for {name}. Convert the public checkpoint once: `{convert_command(name)}` '
+        f'(writes {default_location(name)}.safetensors; set VISIM_JAX_WEIGHTS to use another folder), or pass '
+        'weights=/path/to/file.safetensors; for tests use tiny=True or random_init=SEED')
+  digest = check_sidecar(path)
+  return read_tensors(path), digest, path
+
+
+def torch_to_flax(sd: dict, module_path, where: str = 'weights') -> dict:
+  """A PyTorch state dict -> flax variables {'params', 'batch_stats'}, for families whose flax modules mirror it.
+
+  `module_path(prefix) -> tuple of flax module names` maps a PyTorch module path ('layer1.0.downsample.0') to the
+  flax one. Leaves: 4-d 'weight' -> 'kernel' (OIHW -> HWIO), 2-d 'weight' -> 'kernel' (transposed), 1-d 'weight'
+  (a norm's scale) -> 'scale', 'bias' -> 'bias', 'running_mean' / 'running_var' -> batch_stats 'mean' / 'var';
+  'num_batches_tracked' is dropped. Anything else fails naming the key.
+  """
+  params, stats = {}, {}
+
+  def put(tree, path, value):
+    for p in path[:-1]:
+      tree = tree.setdefault(p, {})
+    if path[-1] in tree:
+      raise ValueError(f'{where}: two entries map to {"/".join(path)}')
+    tree[path[-1]] = value
+
+  for key, v in sd.items():
+    if key.endswith('num_batches_tracked'):
+      continue
+    v = np.asarray(v, np.float32)
+    prefix, _, leaf = key.rpartition('.')
+    path = tuple(module_path(prefix))
+    if leaf == 'weight' and v.ndim == 4:
+      put(params, path + ('kernel',), np.ascontiguousarray(v.transpose(2, 3, 1, 0)))
+    elif leaf == 'weight' and v.ndim == 2:
+      put(params, path + ('kernel',), np.ascontiguousarray(v.T))
+    elif leaf == 'weight' and v.ndim == 1:
+      put(params, path + ('scale',), v)
+    elif leaf == 'bias':
+      put(params, path + ('bias',), v)
+    elif leaf in ('running_mean', 'running_var'):
+      put(stats, path + (leaf[len('running_'):],), v)
+    else:
+      raise ValueError(f'{where}: unexpected entry {key} {v.shape}')
+  return {'params': params, 'batch_stats': stats} if stats else {'params': params}
+
+
+def check_fits(variables: dict, expected: dict, name: str, where: str) -> None:
+  """Fails (naming a few differing entries) unless `variables` has exactly the shapes of `expected` (eval_shape)."""
+  from flax.traverse_util import flatten_dict  # pylint: disable=g-import-not-at-top
+  got = {'/'.join(k): tuple(v.shape) for k, v in flatten_dict(variables).items()}
+  want = {'/'.join(k): tuple(v.shape) for k, v in flatten_dict(dict(expected)).items()}
+  if got != want:
+    missing = sorted(set(want) - set(got))[:3]
+    extra = sorted(set(got) - set(want))[:3]
+    shape = [f'{k} {got[k]} (expected {want[k]})' for k in sorted(set(got) & set(want)) if got[k] != want[k]][:3]
+    from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+    raise UserError(f'{where}: the weights do not fit {name}: missing {missing}, unexpected {extra}, '
+                    f'shapes {shape}; convert the checkpoint of {name} with `{convert_command(name)}`')

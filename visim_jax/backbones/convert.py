@@ -1,0 +1,147 @@
+"""One-time conversion of a public checkpoint into the offline weight file a backbone loads.
+
+    python -m visim_jax.backbones.convert --backbone=resnet50 --checkpoint=resnet50-0676ba61.pth
+    python -m visim_jax.backbones.convert --backbone=bit_m_r50x1 --checkpoint=BiT-M-R50x1.npz
+    python -m visim_jax.backbones.convert --backbone=clip_rn50 --checkpoint=RN50.pt [--out=FILE.safetensors]
+
+Writes `--out` (default `$VISIM_JAX_WEIGHTS/<backbone>.safetensors`, the file the backbone looks for; see
+weights.py): the network's tensors in the family's PyTorch names and layouts, float32, without classifier heads,
+and `<out>.json` beside it: {"sha256" (of the output, checked at every load), "backbone", "source",
+"source_sha256", "source_format", "num_tensors", + what the family records (its architecture)}.
+Nothing is written unless the checkpoint fits the backbone's architecture exactly.
+
+Inputs (read by `read_checkpoint`): a PyTorch state dict, zip or legacy `torch.save` (possibly under 'state_dict'
+and with 'module.' prefixes), read by visim_jax.safe_pickle's restricted unpickler (no torch, no code run); a
+.safetensors or .npz file (e.g. Google's original BiT .npz); a TorchScript archive (OpenAI's CLIP downloads), which
+needs torch and runs the archive's code: convert only files you trust.
+
+Families: `FAMILIES` maps a family module (the one a backbone name resolves to in registry.py) to the function
+`prepare(name, tensors, where, tiny) -> (tensors to store, extra sidecar fields)` that renames, drops the head and
+checks the architecture; a new family adds one line there.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import zipfile
+
+import numpy as np
+
+from visim_jax import ops, safe_pickle
+from visim_jax.backbones import registry
+from visim_jax.backbones import weights as weights_lib
+from visim_jax.backbones.base import sha256_file
+from visim_jax.errors import UserError
+
+# family module -> its `prepare` function (see the module docstring)
+FAMILIES: dict[str, str] = {
+    'visim_jax.backbones.resnet': 'prepare_state_dict',
+    'visim_jax.backbones.bit': 'prepare_state_dict',
+    'visim_jax.backbones.alexnet': 'prepare_state_dict',
+    'visim_jax.backbones.clip_resnet': 'visim_jax.backbones.convert_clip:prepare_state_dict',
+}
+
+
+def _is_torchscript(path: str) -> bool:
+  if not zipfile.is_zipfile(path):
+    return False
+  with zipfile.ZipFile(path) as z:
+    return any(n.endswith('/constants.pkl') or n.split('/', 1)[-1].startswith('code/') for n in z.namelist())
+
+
+def read_checkpoint(path: str) -> tuple[dict[str, np.ndarray], str]:
+  """({name: array}, format) from any supported input (see the module docstring)."""
+  if not os.path.isfile(path):
+    raise UserError(f'--checkpoint {path}: no such file')
+  if path.endswith(('.safetensors', '.npz')):
+    return weights_lib.read_tensors(path), os.path.splitext(path)[1][1:]
+  if _is_torchscript(path):
+    try:
+      import torch  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      raise UserError(f'--checkpoint {path} is a TorchScript archive: converting it needs torch '
+                      '(pip install torch, the optional `torch` extra)') from None
+    module = torch.jit.load(path, map_location='cpu')
+    sd = {k: v.detach().float().cpu().numpy() for k, v in module.state_dict().items() if v.dtype.is_floating_point}
+    return sd, 'torchscript'
+  try:
+    sd = safe_pickle.load_torch_state_dict(path)
+  except safe_pickle.UnsafePickleError as e:
+    raise UserError(f'--checkpoint {path}: refused by the restricted unpickler ({e}); save a plain state dict '
+                    '(`torch.save(model.state_dict(), path)`) and convert that') from None
+  for nest in ('model', 'state_dict_ema'):  # checkpoints that wrap the state dict once more
+    if set(sd) <= {nest} | {'epoch', 'optimizer', 'args', 'arch'} and isinstance(sd.get(nest), dict):
+      sd = sd[nest]
+  return {k: v for k, v in sd.items() if isinstance(v, np.ndarray)}, 'state_dict'
+
+
+def _prepare_fn(name: str):
+  target = registry.target(name)
+  module = target.split(':')[0]
+  if module not in FAMILIES:
+    raise UserError(f'--backbone {name}: its family ({module}) has no converter; families with one: '
+                    f'{", ".join(sorted(FAMILIES))}')
+  fn = FAMILIES[module]
+  module, fn = fn.split(':') if ':' in fn else (module, fn)
+  return getattr(importlib.import_module(module), fn)
+
+
+def write_converted(tensors: dict[str, np.ndarray], out: str, info: dict) -> dict:
+  """Writes `out` (safetensors, atomically) and `<out>.json` with its sha256 + `info`; returns the sidecar."""
+  if not out.endswith('.safetensors'):
+    raise UserError(f'--out {out}: must end with .safetensors')
+  from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
+  tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  ops.atomic_write_bytes(out, save(tensors, metadata={'format': 'pt', 'backbone': str(info.get('backbone'))}))
+  info = {'sha256': sha256_file(out), 'num_tensors': len(tensors), **info}
+  ops.atomic_write_text(out + '.json', json.dumps(info, indent=2, sort_keys=True) + '\n')
+  return info
+
+
+def convert(backbone: str, checkpoint: str, out: str | None = None, tiny: bool = False) -> dict:
+  """Converts `checkpoint` for `backbone` (tiny: a tiny-config checkpoint, tests); returns the sidecar content."""
+  checkpoint = os.path.expanduser(checkpoint)
+  out = weights_lib.converted_path(backbone, out)
+  prepare = _prepare_fn(backbone)
+  sd, fmt = read_checkpoint(checkpoint)
+  tensors, extra = prepare(backbone, sd, checkpoint, tiny)
+  info = {'backbone': backbone, 'source': os.path.abspath(checkpoint), 'source_sha256': sha256_file(checkpoint),
+          'source_format': fmt, 'out': out, **extra}
+  return write_converted(tensors, out, info)
+
+
+def main(argv) -> None:
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  if len(argv) > 1:
+    raise UserError(f'unexpected arguments: {argv[1:]}')
+  f = flags.FLAGS
+  if not f.backbone or not f.checkpoint:
+    raise UserError('--backbone=NAME and --checkpoint=FILE are required (names: python -m visim_jax.main '
+                    '--list_backbones)')
+  info = convert(f.backbone, f.checkpoint, f.out or None)
+  print(json.dumps(info, indent=2, sort_keys=True))
+  print(f'use: --config.backbone={f.backbone}' + ('' if not f.out else f' --config.backbone_kwargs.weights={info["out"]}'),
+        file=sys.stderr)
+
+
+def run_main(argv=None) -> None:
+  from absl import app, flags  # pylint: disable=g-import-not-at-top
+  from visim_jax.errors import report_and_exit  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_string('backbone', None, 'the backbone name the weights are for (as in --list_backbones)')
+  flags.DEFINE_string('checkpoint', None, 'the public checkpoint: .pth/.pt/.bin state dict, .safetensors, .npz')
+  flags.DEFINE_string('out', None, 'output .safetensors (default $VISIM_JAX_WEIGHTS/<backbone>.safetensors)')
+
+  def _main(argv):
+    try:
+      main(argv)
+    except (UserError, FileNotFoundError) as e:
+      report_and_exit(e)
+
+  app.run(_main, argv=argv)
+
+
+if __name__ == '__main__':
+  run_main()
