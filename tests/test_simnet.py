@@ -155,3 +155,62 @@ def test_warmup_architecture_a_reaches_rho_09():
   x, y, c = simnet.random_pairs(jax.random.PRNGKey(2), 4000, dim)
   stats = simnet.regression_stats(simnet.apply(params, x, y), c)
   assert float(stats['rho']) > 0.9, stats
+
+
+def test_authors_init_normal_001():
+  p = simnet.init_params(jax.random.PRNGKey(0), 256, (1024, 1024), init='normal')
+  for name in sorted(p):
+    w = np.asarray(p[name]['w'])
+    assert abs(w.std() - 0.01) < 0.0005 and abs(w.mean()) < 0.001, name   # N(0, 0.01^2): init_simnet_simplenn.m
+    assert not np.asarray(p[name]['b']).any()
+  with pytest.raises(ValueError, match='config.init'):
+    simnet.init_params(jax.random.PRNGKey(0), 4, (4,), init='xavier')
+
+
+def test_no_weight_decay_on_biases():
+  """MatConvNet's update with weightDecay [1 0], as a plain loop: v = m v - (wd_j w + g); w += lr v."""
+  params = {'layer_00': {'w': jnp.array([[1.0, -2.0]]), 'b': jnp.array([0.5, -0.5])}}
+  grads = {'layer_00': {'w': jnp.array([[0.1, 0.2]]), 'b': jnp.array([0.3, -0.1])}}
+  for decay_biases in (False, True):
+    tx = simnet.optimizer(0.1, 0.9, 0.05, decay_biases=decay_biases)
+    p, s = params, tx.init(params)
+    want = {k: np.asarray(v, np.float64) for k, v in params['layer_00'].items()}
+    vel = {k: np.zeros_like(v) for k, v in want.items()}
+    for _ in range(4):
+      u, s = tx.update(grads, s, p)
+      p = optax.apply_updates(p, u)
+      for k in ('w', 'b'):
+        wd = 0.05 if (k == 'w' or decay_biases) else 0.0
+        vel[k] = 0.9 * vel[k] - (wd * want[k] + np.asarray(grads['layer_00'][k]))
+        want[k] = want[k] + 0.1 * vel[k]
+    for k in ('w', 'b'):
+      np.testing.assert_allclose(np.asarray(p['layer_00'][k]), want[k], rtol=1e-6)
+
+
+def test_warmup_inputs_as_the_authors_draw_them():
+  """imdb_random_vectors.m: x = normalise(U(-1, 1)^D) (not a uniform direction). In 2-D the cube puts more mass
+  near the diagonals than a uniform direction does; cosines stay exact and uniform either way."""
+  def near_diagonal(x):
+    ang = np.mod(np.arctan2(x[:, 1], x[:, 0]), np.pi / 2)
+    return np.mean(np.abs(ang - np.pi / 4) < np.pi / 8)
+  xc, _, _ = simnet.random_pairs(jax.random.PRNGKey(0), 20000, 2, x_dist='cube')
+  xs, _, _ = simnet.random_pairs(jax.random.PRNGKey(0), 20000, 2, x_dist='sphere')
+  assert near_diagonal(np.asarray(xc)) > 0.55 and abs(near_diagonal(np.asarray(xs)) - 0.5) < 0.02
+  x16, y16, c16 = simnet.random_pairs(jax.random.PRNGKey(1), 2000, 16, x_dist='cube')
+  np.testing.assert_allclose(np.asarray(simnet.cosine(x16, y16)), np.asarray(c16), atol=1e-5)
+  with pytest.raises(ValueError, match='warmup_x_dist'):
+    simnet.random_pairs(jax.random.PRNGKey(0), 4, 3, x_dist='ball')
+
+
+def test_table1_mse_and_rho_cannot_both_hold():
+  """For c ~ U(-1, 1) (var 1/3), any prediction with correlation rho has MSE >= (1 - rho^2) / 3 (the residual of
+  the best affine fit): Table 1's A (MSE 0.00035, rho 0.909) would need MSE >= 0.058. docs/simnet.md."""
+  rng = np.random.RandomState(0)
+  c = rng.uniform(-1, 1, 200000)
+  for rho, paper_mse in ((0.909, 0.00035), (0.965, 0.00019), (0.974, 0.00012)):   # Table 1: A, B, C
+    assert paper_mse < (1 - rho ** 2) / 3 / 50                              # the paper's pair is impossible
+    pred = rho * c + np.sqrt(1 - rho ** 2) * rng.randn(len(c)) * c.std()   # correlation rho with c
+    stats = simnet.regression_stats(jnp.asarray(pred), jnp.asarray(c))
+    assert abs(float(stats['rho']) - rho) < 0.003
+    best = np.polyval(np.polyfit(pred, c, 1), pred)                       # best affine use of pred
+    assert np.mean((best - c) ** 2) >= (1 - rho ** 2) / 3 * 0.98

@@ -9,10 +9,14 @@ Loss (Eq. 2): L = | s_ij - l_ij (sim(x_i, x_j) + delta) - (1 - l_ij)(sim(x_i, x_
 l_ij = 1 for a similar pair (Eq. 3). Averaged over the batch. delta = 0 is the warm-up (imitate cosine).
 
 Warm-up (Sec. 4.2-4.3): random pairs of vectors whose cosine is spread uniformly over [-1, 1]
-(`random_pairs`), delta = 0; measured by MSE and Pearson rho between g and cosine (Table 1).
+(`random_pairs`), delta = 0; measured by MSE and Pearson rho between g and cosine (Table 1). The authors'
+imdb_random_vectors.m draws x uniformly in the cube [-1, 1]^D then normalises it (x_dist='cube', the default),
+not uniformly on the sphere (x_dist='sphere').
 
 Optimiser (Sec. 4.2): SGD, lr 1e-3, momentum 0.9, weight decay 5e-4 (added to the gradient before momentum, as
-Caffe / torch.optim.SGD do: optax.add_decayed_weights then optax.sgd), batch 100.
+MatConvNet's cnn_train / torch.optim.SGD do: optax.add_decayed_weights then optax.sgd), batch 100. Weight decay
+applies to the weights only, not the biases (the authors' init_simnet_simplenn.m: weightDecay [1 0]; an optax
+mask); `decay_biases=True` decays both.
 
 Difficult pairs (SimNet*, Sec. 3.3): `hard_pair_mask` marks pairs where the network does worse than the metric:
 s < cos for a match, s > cos for a non-match.
@@ -21,11 +25,13 @@ All-pairs scoring (`score_matrix`, `top_k`): the first layer is split per image,
 x_i, W1b on x_j), so h1 = relu(x_i W1a + x_j W1b + b1): each query and database vector is projected once per
 tile and the (Q, D, 2K) concatenation is never formed. The Q x D grid is cut into (q_tile x d_tile) tiles so
 the live activations are q_tile * d_tile * H whatever Q and D; `top_k` keeps a running top-k per query over the
-database tiles (lax.scan, lax.top_k of the concatenated candidates), so its memory is O(Q k) besides one tile.
+database tiles (visim_jax.ops.running_topk, the package's one running top-k), so its memory is O(Q k) besides one
+tile.
 `compute_dtype='bfloat16'` runs the hidden layers in bfloat16 (float32 accumulation is left to XLA's defaults).
 
-Initialisation (not stated in the paper): He-normal weights (fan-in, for ReLU), zero biases; the last layer
-LeCun-normal.
+Initialisation (not stated in the paper): init='he' (default): He-normal weights (fan-in, for ReLU), zero biases,
+the last layer LeCun-normal; init='normal': every weight N(0, init_std^2) with init_std = 0.01, zero biases (the
+authors' init_simnet_simplenn.m, f = 1/100; what `:paper` uses).
 """
 from __future__ import annotations
 
@@ -35,6 +41,8 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import optax
+
+from visim_jax import ops
 
 ARCHITECTURES: dict[str, tuple[int, ...]] = {
     'A': (1024, 1024),
@@ -63,14 +71,20 @@ def layer_names(params: Params) -> list[str]:
   return sorted(params)
 
 
-def init_params(key: jax.Array, dim: int, hidden: Sequence[int]) -> Params:
-  """Parameters of g for image vectors of size `dim` (input 2 * dim)."""
+INITS = ('he', 'normal')
+
+
+def init_params(key: jax.Array, dim: int, hidden: Sequence[int], init: str = 'he',
+                init_std: float = 0.01) -> Params:
+  """Parameters of g for image vectors of size `dim` (input 2 * dim); init 'he' or 'normal' (N(0, init_std^2))."""
+  if init not in INITS:
+    raise ValueError(f'config.init: one of {INITS}, got {init!r}')
   sizes = (2 * dim, *hidden, 1)
   keys = jax.random.split(key, len(sizes) - 1)
   params = {}
   for i, (k, n_in, n_out) in enumerate(zip(keys, sizes[:-1], sizes[1:])):
     last = i == len(sizes) - 2
-    std = (1.0 if last else 2.0) ** 0.5 / n_in ** 0.5
+    std = init_std if init == 'normal' else (1.0 if last else 2.0) ** 0.5 / n_in ** 0.5
     params[f'layer_{i:02d}'] = {'w': std * jax.random.normal(k, (n_in, n_out), jnp.float32),
                                 'b': jnp.zeros((n_out,), jnp.float32)}
   return params
@@ -127,13 +141,20 @@ def hard_pair_mask(scores: jax.Array, cos: jax.Array, similar: jax.Array) -> jax
   return jnp.where(similar, scores < cos, scores > cos)
 
 
+def decay_mask(params: Params) -> Params:
+  """False for the biases (leaves named 'b'), True for everything else (the authors' weightDecay [1 0])."""
+  return jax.tree_util.tree_map_with_path(lambda path, _: getattr(path[-1], 'key', None) != 'b', params)
+
+
 def optimizer(lr: float = 1e-3, momentum: float = 0.9, weight_decay: float = 5e-4,
-              kind: str = 'sgd') -> optax.GradientTransformation:
-  """The paper's SGD (weight decay added to the gradient, then momentum); 'adam' for quick local runs."""
+              kind: str = 'sgd', decay_biases: bool = False) -> optax.GradientTransformation:
+  """The paper's SGD (weight decay added to the gradient, then momentum; biases not decayed unless
+  decay_biases); 'adam' for quick local runs."""
+  decay = optax.add_decayed_weights(weight_decay, mask=None if decay_biases else decay_mask)
   if kind == 'sgd':
-    return optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(lr, momentum=momentum or None))
+    return optax.chain(decay, optax.sgd(lr, momentum=momentum or None))
   if kind == 'adam':
-    return optax.chain(optax.add_decayed_weights(weight_decay), optax.adam(lr))
+    return optax.chain(decay, optax.adam(lr))
   raise ValueError(f"config.optimizer: 'sgd' or 'adam', got {kind!r}")
 
 
@@ -146,13 +167,24 @@ def train_step(tx: optax.GradientTransformation, params: Params, opt_state, xi, 
 
 # ------------------------------------------------------------------------------------------- warm-up data
 
-def random_pairs(key: jax.Array, n: int, dim: int, norm: float = 1.0) -> tuple[jax.Array, jax.Array, jax.Array]:
+X_DISTS = ('cube', 'sphere')
+
+
+def random_pairs(key: jax.Array, n: int, dim: int, norm: float = 1.0,
+                 x_dist: str = 'cube') -> tuple[jax.Array, jax.Array, jax.Array]:
   """n random pairs (x, y) of `dim`-vectors of length `norm` whose cosine c ~ U(-1, 1); returns (x, y, c).
 
-  x is a random direction; y = c x + sqrt(1 - c^2) u with u a random unit vector orthogonal to x.
+  x: x_dist='cube' draws U(-1, 1)^dim and normalises (the authors' imdb_random_vectors.m: x = 2 rand(D,1) - 1);
+  'sphere' a uniform direction (Gaussian, normalised). y = c x + sqrt(1 - c^2) u, u = the normalised part of a
+  Gaussian w orthogonal to x (as the authors').
   """
+  if x_dist not in X_DISTS:
+    raise ValueError(f'config.warmup_x_dist: one of {X_DISTS}, got {x_dist!r}')
   kx, ku, kc = jax.random.split(key, 3)
-  x = jax.random.normal(kx, (n, dim))
+  if x_dist == 'cube':
+    x = jax.random.uniform(kx, (n, dim), minval=-1.0, maxval=1.0)
+  else:
+    x = jax.random.normal(kx, (n, dim))
   x = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
   u = jax.random.normal(ku, (n, dim))
   u = u - jnp.sum(u * x, axis=-1, keepdims=True) * x
@@ -232,25 +264,10 @@ def top_k(params: Params, queries: jax.Array, database: jax.Array, k: int, q_til
   w1a, w1b, b1 = split_first_layer(params)
   qs = _pad_rows(queries, q_tile).reshape(-1, q_tile, queries.shape[1])
   ds = _pad_rows(database, d_tile).reshape(-1, d_tile, database.shape[1])
-  offsets = jnp.arange(ds.shape[0], dtype=jnp.int32) * d_tile
 
   def per_query_tile(q):
     qa = q.astype(dtype) @ w1a.astype(dtype) + b1.astype(dtype)
-
-    def step(carry, tile):
-      best_s, best_i = carry
-      d, off = tile
-      s = _tile_scores(params, qa, d, w1b, dtype)          # (q, d)
-      idx = off + jnp.arange(d_tile, dtype=jnp.int32)
-      s = jnp.where(idx[None, :] < n_d, s, -jnp.inf)        # padding never enters the top-k
-      cand_s = jnp.concatenate([best_s, s], axis=1)
-      cand_i = jnp.concatenate([best_i, jnp.broadcast_to(idx, s.shape)], axis=1)
-      top_s, pos = jax.lax.top_k(cand_s, k)                 # stable: earlier (lower index) candidates win ties
-      return (top_s, jnp.take_along_axis(cand_i, pos, axis=1)), None
-
-    init = (jnp.full((q_tile, k), -jnp.inf, jnp.float32), jnp.full((q_tile, k), -1, jnp.int32))
-    (best_s, best_i), _ = jax.lax.scan(step, init, (ds, offsets))
-    return best_s, best_i
+    return ops.running_topk(lambda d, _: _tile_scores(params, qa, d, w1b, dtype), ds, k, q_tile, n_valid=n_d)
 
   s, i = jax.lax.map(per_query_tile, qs)
   return s.reshape(-1, k)[:n_q], i.reshape(-1, k)[:n_q]
