@@ -29,10 +29,7 @@ import numpy as np
 
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone, sha256_file
-from visim_jax.preprocess import Preprocess
-
-IMAGENET_MEAN = tuple(255.0 * v for v in (0.485, 0.456, 0.406))
-IMAGENET_STD = tuple(255.0 * v for v in (0.229, 0.224, 0.225))
+from visim_jax.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
 # torchvision cfgs['D'] as blocks of conv widths; a max pool ends every block
 BLOCKS = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 512))
