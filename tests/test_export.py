@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from visim_jax import adaptation, export, pca, train
+from visim_jax.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 META = {'backbone': 'efficientnet_lite0', 'layers': ['a', 'b'], 'weights_sha256': 'abc',
@@ -53,7 +54,7 @@ def test_bad_adapters(tmp_path):
   (tmp_path / 'trunc.npz').write_bytes(b'PK\x03\x04garbage')
   with pytest.raises(ValueError, match='trunc.npz: unreadable adapter file'):
     export.load_adapter(str(tmp_path / 'trunc.npz'))
-  with pytest.raises(FileNotFoundError, match='nope.npz'):
+  with pytest.raises(UserError, match='nope.npz: adapter file not found'):
     export.load_adapter(str(tmp_path / 'nope.npz'))
 
 
@@ -78,5 +79,5 @@ def test_from_training_output_and_checkpoint(tmp_path):
   te = out['test_idx'][1]
   ranks = train.best_ranks(export.apply_adapter(ad, feats.left[te]), export.apply_adapter(ad, feats.right[te]))
   np.testing.assert_array_equal(np.asarray(ranks), out['ranks'][1, -1])
-  with pytest.raises(ValueError, match='run=2'):
+  with pytest.raises(UserError, match='--run=2'):
     export.run_arrays(out, 2)

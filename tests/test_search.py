@@ -1,5 +1,6 @@
-"""Look-alike search: blocked/sharded exact top-k and partner ranks vs brute force; the CLI on the demo pairs
-ranks partners better with a trained adapter than without; plain folders, query files, bad input."""
+"""Look-alike search: blocked/sharded exact top-k and partner ranks vs brute force; a search of the demo pairs
+ranks partners better with a trained adapter than without; plain folders, query files, bad input; undecodable
+images skipped and listed (or --strict); outputs follow the umask; the command line's one-line errors."""
 import json
 import os
 import subprocess
@@ -10,6 +11,8 @@ import numpy as np
 import pytest
 
 from visim_jax import export, search, train
+from visim_jax.errors import UserError
+from visim_jax.search import topk
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -18,7 +21,7 @@ def brute(db, q, partner=None, exclude=None):
   """Stable argsort of -cosine (ties -> lower index) and pessimistic partner ranks, in NumPy."""
   dn = db / np.linalg.norm(db, axis=1, keepdims=True)
   qn = q / np.linalg.norm(q, axis=1, keepdims=True)
-  s = np.array(search._scores(jax.numpy.asarray(qn), jax.numpy.asarray(dn)))  # the same float rounding
+  s = np.array(topk.scores(jax.numpy.asarray(qn), jax.numpy.asarray(dn)))  # the same float rounding
   if exclude is not None:
     s[np.arange(len(q)), exclude] = -np.inf
   order = np.argsort(-s, axis=1, kind='stable')
@@ -112,9 +115,8 @@ def pairs96(demo_root, tmp_path_factory):
 def test_cli_adapter_ranks_partners_higher(pairs96, lite0, tmp_path):
   from visim_jax.experiments import adapt
   folder, cache = pairs96
-  common = ['--folder', folder, '--query', 'all', '--k', '5', '--cache_dir', cache, '--no_progress',
-            '--sheet_queries', '4']
-  raw = search.main(common + ['--out', str(tmp_path / 'raw')])
+  common = dict(k=5, cache_dir=cache, progress=False, verbose=False, sheet_queries=4)
+  raw = search.run(folder, ['all'], out=str(tmp_path / 'raw'), **common)
   # train an adapter on half of the pairs (the features come from the cache the CLI just wrote)
   left, right, names, _, _ = search.pairs_features(lite0, folder, cache, progress=False)
   assert left.shape == (96, 1776)
@@ -122,7 +124,7 @@ def test_cli_adapter_ranks_partners_higher(pairs96, lite0, tmp_path):
   out = adapt.train_all(hp, train.Features(left, right), None, 60, progress=False)
   path = export.save_adapter(str(tmp_path / 'adapter.npz'), **export.run_arrays(out, 0),
                              meta=export.backbone_meta(lite0, demo='first 96 pairs, run 0 train split'))
-  adapted = search.main(common + ['--out', str(tmp_path / 'adapted'), '--adapter', path])
+  adapted = search.run(folder, ['all'], out=str(tmp_path / 'adapted'), adapter=path, **common)
 
   held_out = out['test_idx'][0]
   rank = lambda summary: np.array([q['partner_rank'] for q in summary['queries']])
@@ -169,18 +171,105 @@ def test_cli_plain_folder_and_query_files(pairs96, tmp_path):
 def test_bad_input_fails_early(pairs96, lite0, tmp_path):
   folder, cache = pairs96
   out = tmp_path / 'out'
-  with pytest.raises(FileNotFoundError, match='--folder: .*nope'):
+  with pytest.raises(UserError, match='--folder: .*nope'):
     search.run(str(tmp_path / 'nope'), ['all'], out=str(out))
-  with pytest.raises(FileNotFoundError, match='--query: .*missing.png'):
+  with pytest.raises(UserError, match='--query: .*missing.png'):
     search.run(folder, [str(tmp_path / 'missing.png')], out=str(out), cache_dir=cache, progress=False)
   with pytest.raises(ValueError, match='--k'):
     search.run(folder, ['all'], k=0, out=str(out))
-  with pytest.raises(ValueError, match='config.layers'):
+  with pytest.raises(UserError, match='--layers'):
     search.run(folder, ['all'], layers='no_such_stage', out=str(out), cache_dir=cache)
   rng = np.random.RandomState(0)
   meta = dict(export.backbone_meta(lite0), weights_sha256='0' * 64)
   bad = export.save_adapter(str(tmp_path / 'bad.npz'), rng.randn(1776), rng.randn(1776, 4), np.ones(4),
                             rng.randn(4, 8), meta=meta)
-  with pytest.raises(ValueError, match='bad.npz: meta.weights_sha256'):
+  with pytest.raises(UserError, match='bad.npz: meta.weights_sha256'):
     search.run(folder, ['all'], adapter=bad, out=str(out), cache_dir=cache)
   assert not out.exists()
+
+
+def _bad_images(folder):
+  """A text file named like an image and a truncated JPEG, in `folder`."""
+  (folder / 'aaa_text.png').write_text('not an image')
+  buf = __import__('io').BytesIO()
+  from PIL import Image
+  Image.fromarray(np.random.RandomState(0).randint(0, 255, (64, 64, 3), np.uint8)).save(buf, 'JPEG')
+  (folder / 'zzz_cut.jpg').write_bytes(buf.getvalue()[:len(buf.getvalue()) // 2])
+  return ['aaa_text.png', 'zzz_cut.jpg']
+
+
+def test_bad_images_are_skipped_and_listed_or_strict(pairs96, tmp_path, capsys):
+  folder, cache = pairs96
+  plain = tmp_path / 'plain'
+  os.makedirs(plain)
+  for name in sorted(os.listdir(os.path.join(folder, 'right')))[:6]:
+    os.symlink(os.path.join(folder, 'right', name), plain / name)
+  bad = _bad_images(plain)
+  s = search.run(str(plain), ['all'], k=3, out=str(tmp_path / 'o'), cache_dir=cache, progress=False, formats=())
+  assert s['n_index'] == s['n_queries'] == 6
+  assert s['skipped']['count'] == 2 and [os.path.basename(x['path']) for x in s['skipped']['images']] == bad
+  assert 'not an image' in s['skipped']['images'][0]['reason']
+  assert json.load(open(tmp_path / 'o' / 'results.json'))['skipped'] == s['skipped']
+  printed = capsys.readouterr().out
+  assert 'skipped 2 image(s)' in printed and 'aaa_text.png, zzz_cut.jpg' in printed
+  with pytest.raises(UserError, match='aaa_text.png: not an image'):
+    search.run(str(plain), ['all'], k=3, out=str(tmp_path / 's'), cache_dir=cache, progress=False, strict=True)
+  assert not (tmp_path / 's').exists()
+  # a pairs folder: a bad right image drops its pair's query (no partner to rank), a bad left image its query
+  pairs = tmp_path / 'pairs'
+  for side in ('left', 'right'):
+    os.makedirs(pairs / side)
+    for name in sorted(os.listdir(os.path.join(folder, side)))[:6]:
+      os.symlink(os.path.join(folder, side, name), pairs / side / name)
+  (pairs / 'right' / '00002.png').unlink()
+  (pairs / 'right' / '00002.png').write_text('broken')
+  (pairs / 'left' / '00005.png').unlink()
+  (pairs / 'left' / '00005.png').write_bytes(b'\x89PNG\r\n\x1a\n')
+  p = search.run(str(pairs), ['all'], k=3, out=str(tmp_path / 'p'), cache_dir=cache, progress=False,
+                 verbose=False, formats=())
+  assert p['n_index'] == 5 and p['n_queries'] == 4 and p['skipped']['count'] == 2
+  assert [os.path.basename(q['query']) for q in p['queries']] == ['00001.png', '00003.png', '00004.png', '00006.png']
+  assert all(os.path.basename(q['partner']) == os.path.basename(q['query']) for q in p['queries'])
+
+
+def test_outputs_follow_the_umask(pairs96, lite0, tmp_path):
+  folder, cache = pairs96
+  old = os.umask(0o022)
+  try:
+    out = tmp_path / 'u'
+    search.run(folder, [os.path.join(folder, 'left', '00001.png')], k=2, out=str(out), cache_dir=cache,
+               progress=False, verbose=False)
+    path = export.save_adapter(str(tmp_path / 'a.npz'), np.zeros(3), np.eye(3), np.ones(3), np.eye(3),
+                               meta=export.backbone_meta(lite0))
+    os.umask(0o027)
+    search.run(folder, [os.path.join(folder, 'left', '00001.png')], k=2, out=str(tmp_path / 'g'), cache_dir=cache,
+               progress=False, verbose=False, formats=('html',))
+  finally:
+    os.umask(old)
+  files = ['results.json', 'topk.npz', 'sheet.png', 'sheet.html']
+  assert {f: oct(os.stat(out / f).st_mode & 0o777) for f in files} == {f: '0o644' for f in files}
+  assert oct(os.stat(path).st_mode & 0o777) == '0o644'
+  assert oct(os.stat(tmp_path / 'g' / 'results.json').st_mode & 0o777) == '0o640'
+  assert not [f for f in os.listdir(out) if f.startswith('.tmp')]
+
+
+def _cli(module, *args):
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': ROOT + os.pathsep + os.environ.get('PYTHONPATH', '')}
+  env.pop('VISIM_TRACEBACK', None)
+  return subprocess.run([sys.executable, '-m', module, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=300)
+
+
+def test_cli_user_errors_are_one_line(tmp_path):
+  r = _cli('visim_jax.search', f'--folder={tmp_path / "nope"}', '--query=all')
+  assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+      f'error: --folder: {tmp_path / "nope"}: not a folder (give the folder of images to index)']
+  r = _cli('visim_jax.search', f'--folder={tmp_path}', '--query=all', '--k=0')
+  assert r.returncode == 1 and r.stderr.strip().splitlines() == ['error: --k: must be >= 1, got 0']
+  r = _cli('visim_jax.export', f'--workdir={tmp_path}')
+  assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+      f'error: {tmp_path}/checkpoints: no checkpoints folder (was config.checkpoint False? then the experiment '
+      'wrote adapter.npz itself)']
+  r = _cli('visim_jax.classify', str(tmp_path / 'missing.jpg'), '--strict')
+  assert r.returncode == 1 and r.stderr.strip().splitlines() == [f'error: {tmp_path / "missing.jpg"}: image file not found']
+  assert 'Traceback' not in r.stderr

@@ -1,7 +1,11 @@
 """Top-5 ImageNet classes of images, to see with your own eyes that pretrained weights are right.
 
   python -m visim_jax.classify photo.jpg other.png            # EfficientNet-Lite0, offline
+  python -m visim_jax.classify photos/ --out=classes.json     # every image of a folder; results as JSON too
   python -m visim_jax.classify --demo                          # the packaged photos (chelsea, coffee, ...)
+
+An image that cannot be decoded is skipped and listed (on the console and in --out's `skipped`); --strict
+aborts on it instead. User errors end with one line `error: <file or flag>: <what to do>`, exit status 1.
 """
 from __future__ import annotations
 
@@ -10,41 +14,87 @@ from typing import Sequence
 
 import jax
 import numpy as np
-from absl import app, flags
 
 from visim_jax.data import images as images_lib
-
-_BACKBONE = flags.DEFINE_string('backbone', 'efficientnet_lite0', 'A backbone with an ImageNet-1k classifier.')
-_TOP = flags.DEFINE_integer('top', 5, 'How many classes per image.')
-_DEMO = flags.DEFINE_bool('demo', False, 'Classify the photos packaged with scikit-image / scikit-learn.')
+from visim_jax.errors import UserError
 
 
 def top_classes(backbone, arrays: Sequence[np.ndarray], top: int = 5) -> list[list[tuple[str, float]]]:
   """[(class name, probability)] * top for each uint8 image already resized to the backbone's input."""
   if not backbone.labels:
-    raise ValueError(f'{backbone.name} has no classifier labels')
+    raise UserError(f'--backbone: {backbone.name} has no classifier labels (try efficientnet_lite0)')
   logits, _ = jax.jit(backbone.__call__)(np.stack(arrays))
   probs = np.asarray(jax.nn.softmax(logits, axis=-1))
   return [[(backbone.labels[i], float(p[i])) for i in np.argsort(-p)[:top]] for p in probs]
 
 
-def main(argv):
+def classify(backbone_name: str, paths: Sequence[str], top: int = 5, demo: bool = False, strict: bool = False,
+             batch_size: int = 32) -> dict:
+  """{'images': [{'image', 'classes': [{'label', 'p'}]}], 'skipped': {'count', 'images': [{'path', 'reason'}]}}.
+
+  paths: image files or folders (their images); undecodable images are skipped and listed unless strict.
+  """
   from visim_jax.backbones import get_backbone
-  from visim_jax.data import demo
-  backbone = get_backbone(_BACKBONE.value)
-  items = []
-  if _DEMO.value:
-    for name, im in sorted(demo.source_images().items()):
-      items.append((name, images_lib.resize(im, backbone.preprocess)))
-  for path in argv[1:]:
-    items.append((path, images_lib.load_image(path, backbone.preprocess)))
+  if top < 1:
+    raise UserError(f'--top: must be >= 1, got {top}')
+  files = []
+  for p in paths:
+    files.extend(images_lib.list_images(p) if os.path.isdir(p) else [p])
+  if not files and not demo:
+    raise UserError('classify: give image files or folders, or --demo')
+  backbone = get_backbone(backbone_name)
+  items, skipped = [], []
+  if demo:
+    from visim_jax.data import demo as demo_lib
+    items = [(name, images_lib.resize(im, backbone.preprocess)) for name, im in sorted(demo_lib.source_images().items())]
+  for path in files:
+    try:
+      items.append((path, images_lib.load_image(path, backbone.preprocess)))
+    except images_lib.ImageError as e:
+      if strict:
+        raise
+      skipped.append({'path': path, 'reason': str(e)})
   if not items:
-    raise app.UsageError('give image files, or --demo')
-  for (name, _), classes in zip(items, top_classes(backbone, [a for _, a in items], _TOP.value)):
-    print(os.path.basename(name))
-    for label, p in classes:
-      print(f'  {p:6.3f}  {label}')
+    raise UserError(f'{skipped[0]["path"]}: none of the {len(files)} images can be decoded: {skipped[0]["reason"]}')
+  results = []
+  for start in range(0, len(items), batch_size):
+    chunk = items[start:start + batch_size]
+    for (name, _), classes in zip(chunk, top_classes(backbone, [a for _, a in chunk], top)):
+      results.append({'image': name, 'classes': [{'label': l, 'p': p} for l, p in classes]})
+  return {'backbone': backbone.name, 'weights_sha256': backbone.weights_id, 'images': results,
+          'skipped': {'count': len(skipped), 'images': skipped}}
+
+
+def main(argv):
+  from absl import flags
+  from visim_jax import errors, report
+  f = flags.FLAGS
+  try:
+    out = classify(f.backbone, argv[1:], f.top, f.demo, f.strict)
+    if f.out:
+      report.write_json(f.out, out)
+  except (UserError, OSError) as e:
+    errors.report_and_exit(e, verbose=f.verbosity >= 1)
+  for r in out['images']:
+    print(os.path.basename(r['image']))
+    for c in r['classes']:
+      print(f'  {c["p"]:6.3f}  {c["label"]}')
+  sk = out['skipped']
+  if sk['count']:
+    print(f'skipped {sk["count"]} image(s) that cannot be decoded: '
+          + ', '.join(os.path.basename(s['path']) for s in sk['images']) + ' (--strict aborts instead)')
+
+
+def _define_flags():  # only when run as a program: importing classify defines no flags
+  from absl import flags
+  flags.DEFINE_string('backbone', 'efficientnet_lite0', 'A backbone with an ImageNet-1k classifier.')
+  flags.DEFINE_integer('top', 5, 'How many classes per image.')
+  flags.DEFINE_bool('demo', False, 'Classify the photos packaged with scikit-image / scikit-learn.')
+  flags.DEFINE_bool('strict', False, 'Abort on the first image that cannot be decoded (default: skip and list it).')
+  flags.DEFINE_string('out', None, 'Also write the results (and skipped images) as JSON to this file.')
 
 
 if __name__ == '__main__':
+  from absl import app
+  _define_flags()
   app.run(main)

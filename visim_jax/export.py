@@ -13,11 +13,11 @@ adaptation.adapt: the vectors whose cosine similarity the experiment ranks with.
   python -m visim_jax.export --workdir=W [--run=0] [--out=W/adapter.npz]
 
 converts the latest checkpoint of an adaptation workdir written before the experiment saved adapter.npz
-itself (meta from W/metrics.json and the backbone named there).
+itself (meta from W/metrics.json and the backbone named there). User errors (no workdir, no checkpoint, a
+run out of range) end with one line `error: <path or flag>: <what to do>` and exit status 1.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from typing import Any, Mapping, NamedTuple
@@ -25,6 +25,9 @@ from typing import Any, Mapping, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from visim_jax import ops
+from visim_jax.errors import UserError
 
 ADAPTER_VERSION = 1
 META_KEYS = ('backbone', 'layers', 'weights_sha256', 'preprocessing')
@@ -56,7 +59,7 @@ def adapt_arrays(mean, components, scale, w, feats):
 def apply_adapter(adapter: Adapter, feats) -> jax.Array:
   """Adapted vectors (N, A) of pooled backbone features (N, D)."""
   if feats.shape[-1] != adapter.in_dim:
-    raise ValueError(f'apply_adapter: features have dim {feats.shape[-1]}, the adapter expects {adapter.in_dim} '
+    raise UserError(f'apply_adapter: features have dim {feats.shape[-1]}, the adapter expects {adapter.in_dim} '
                      f'(backbone {adapter.meta.get("backbone")!r}, layers {adapter.meta.get("layers")})')
   return adapt_arrays(adapter.mean, adapter.components, adapter.scale, adapter.w, feats)
 
@@ -69,56 +72,55 @@ def check_arrays(mean, components, scale, w, source: str = 'adapter') -> tuple[n
   want_nd = (1, 2, 1, 2)
   for a, n, nd in zip(arrs, names, want_nd):
     if a.ndim != nd:
-      raise ValueError(f'{source}: {n} must have {nd} dims, got shape {a.shape} '
+      raise UserError(f'{source}: {n} must have {nd} dims, got shape {a.shape} '
                        '(one run\'s adapter: index the run axis of a checkpoint first)')
     if not np.isfinite(a).all():
-      raise ValueError(f'{source}: {n} has NaN/Inf values')
+      raise UserError(f'{source}: {n} has NaN/Inf values')
   if components.shape[0] != mean.shape[0]:
-    raise ValueError(f'{source}: pca_components {components.shape} does not match pca_mean {mean.shape}')
+    raise UserError(f'{source}: pca_components {components.shape} does not match pca_mean {mean.shape}')
   if scale.shape[0] != components.shape[1]:
-    raise ValueError(f'{source}: pca_scale {scale.shape} does not match pca_components {components.shape}')
+    raise UserError(f'{source}: pca_scale {scale.shape} does not match pca_components {components.shape}')
   if w.shape[0] != components.shape[1]:
-    raise ValueError(f'{source}: w {w.shape} does not match pca_components {components.shape}')
+    raise UserError(f'{source}: w {w.shape} does not match pca_components {components.shape}')
   return mean, components, scale, w
 
 
 def check_meta(meta: Mapping[str, Any], source: str = 'adapter') -> dict:
   if not isinstance(meta, Mapping):
-    raise ValueError(f'{source}: meta must be a dict, got {type(meta).__name__}')
+    raise UserError(f'{source}: meta must be a dict, got {type(meta).__name__}')
   missing = [k for k in META_KEYS if k not in meta]
   if missing:
-    raise ValueError(f'{source}: meta lacks {missing} (needed: {list(META_KEYS)}; None where unknown)')
+    raise UserError(f'{source}: meta lacks {missing} (needed: {list(META_KEYS)}; None where unknown)')
   try:
     return json.loads(json.dumps(dict(meta)))
   except TypeError as e:
-    raise ValueError(f'{source}: meta is not JSON-serialisable ({e})') from None
+    raise UserError(f'{source}: meta is not JSON-serialisable ({e})') from None
 
 
 def save_adapter(path: str, pca_mean, pca_components, pca_scale, w, meta: Mapping[str, Any]) -> str:
   """Writes one run's adapter as a single .npz (atomically); returns the path."""
-  from visim_jax.features import save_npz_atomic
   mean, comps, scale, w = check_arrays(pca_mean, pca_components, pca_scale, w, source=path)
   meta = check_meta(meta, source=path)
   meta = {**meta, 'adapter_version': ADAPTER_VERSION}
-  save_npz_atomic(path, pca_mean=mean, pca_components=comps, pca_scale=scale, w=w,
+  ops.save_npz_atomic(path, pca_mean=mean, pca_components=comps, pca_scale=scale, w=w,
                   meta=np.asarray(json.dumps(meta, sort_keys=True)))
   return path
 
 
 def load_adapter(path: str) -> Adapter:
   if not os.path.exists(path):
-    raise FileNotFoundError(f'{path}: adapter file not found')
+    raise UserError(f'{path}: adapter file not found (give the adapter.npz an adaptation run wrote)')
   try:
     with np.load(path, allow_pickle=False) as z:
       missing = [k for k in ('pca_mean', 'pca_components', 'pca_scale', 'w', 'meta') if k not in z.files]
       if missing:
-        raise ValueError(f'{path}: not an adapter file (missing arrays {missing})')
+        raise UserError(f'{path}: not an adapter file (missing arrays {missing})')
       arrays = [z[k] for k in ('pca_mean', 'pca_components', 'pca_scale', 'w')]
       meta = json.loads(str(z['meta']))
   except ValueError:
     raise
   except Exception as e:  # zip errors, truncation, bad JSON
-    raise ValueError(f'{path}: unreadable adapter file ({type(e).__name__}: {e})') from None
+    raise UserError(f'{path}: unreadable adapter file ({type(e).__name__}: {e})') from None
   mean, comps, scale, w = check_arrays(*arrays, source=path)
   return Adapter(mean, comps, scale, w, check_meta(meta, source=path))
 
@@ -130,7 +132,7 @@ def run_arrays(out: Mapping[str, Any], run: int = 0) -> dict[str, np.ndarray]:
   get = (lambda k: getattr(pcas, k)) if hasattr(pcas, '_fields') else (lambda k: pcas[k])
   runs = int(np.shape(out['params']['w'])[0])
   if not 0 <= run < runs:
-    raise ValueError(f'run={run}: the training output holds runs 0..{runs - 1}')
+    raise UserError(f'--run={run}: the training output holds runs 0..{runs - 1}')
   return {'pca_mean': np.asarray(get('mean'))[run], 'pca_components': np.asarray(get('components'))[run],
           'pca_scale': np.asarray(get('scale'))[run], 'w': np.asarray(out['params']['w'])[run]}
 
@@ -141,19 +143,37 @@ def backbone_meta(backbone, layers=None, **extra) -> dict:
           'weights_sha256': backbone.weights_id, 'preprocessing': backbone.preprocess.describe(), **extra}
 
 
+def check_backbone(adapter: Adapter, backbone, layers, source: str) -> None:
+  """The adapter was trained on these features: same backbone, weights, layers and preprocessing."""
+  meta = adapter.meta
+  if meta.get('backbone') is None:
+    return  # trained on a features file: nothing to compare but the dimension (checked when applied)
+  ours = json.loads(json.dumps(backbone_meta(backbone, layers)))  # tuples -> lists, as stored
+  for key in META_KEYS:
+    if meta.get(key) is not None and meta[key] != ours[key]:
+      raise UserError(f'{source}: meta.{key} = {meta[key]!r} but the search uses {ours[key]!r} '
+                      f'(index with the backbone and layers the adapter was trained on)')
+
+
 # --------------------------------------------------------------------------- checkpoint -> adapter.npz
 
 def from_workdir(workdir: str, run: int = 0, out: str | None = None) -> str:
   """Converts the latest Orbax checkpoint of an adaptation workdir into one run's adapter.npz."""
   import orbax.checkpoint as ocp
+  if not os.path.isdir(workdir):
+    raise UserError(f'--workdir: {workdir}: not a folder (give an adaptation workdir)')
   ckpt = os.path.join(os.path.abspath(workdir), 'checkpoints')
   metrics_path = os.path.join(workdir, 'metrics.json')
   if not os.path.isdir(ckpt):
-    raise FileNotFoundError(f'{ckpt}: no checkpoints folder (was config.checkpoint False?)')
+    raise UserError(f'{ckpt}: no checkpoints folder (was config.checkpoint False? then the experiment '
+                    'wrote adapter.npz itself)')
   meta = {k: None for k in META_KEYS}
   if os.path.exists(metrics_path):
-    with open(metrics_path) as f:
-      m = json.load(f)
+    try:
+      with open(metrics_path) as f:
+        m = json.load(f)
+    except ValueError as e:
+      raise UserError(f'{metrics_path}: unreadable ({e}); move it away to convert without its meta') from None
     meta.update({k: m.get(k) for k in ('backbone', 'layers', 'weights_sha256')})
     meta['source'] = {'workdir': os.path.abspath(workdir), 'dataset': m.get('dataset'), 'run': run}
     if meta['backbone']:
@@ -162,7 +182,7 @@ def from_workdir(workdir: str, run: int = 0, out: str | None = None) -> str:
   with ocp.CheckpointManager(ckpt) as mngr:
     step = mngr.latest_step()
     if step is None:
-      raise FileNotFoundError(f'{ckpt}: no finished checkpoint')
+      raise UserError(f'{ckpt}: no finished checkpoint (the run was stopped before its first save)')
     saved = mngr.restore(step, args=ocp.args.StandardRestore())
   state = saved['state']
   params = state['params'] if isinstance(state, Mapping) else state[0]
@@ -171,16 +191,32 @@ def from_workdir(workdir: str, run: int = 0, out: str | None = None) -> str:
   return save_adapter(out, **run_arrays({'params': params, 'pcas': saved['pca']}, run), meta=meta)
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(prog='python -m visim_jax.export', description=__doc__.split('\n')[0])
-  p.add_argument('--workdir', required=True, help='an adaptation workdir with checkpoints/')
-  p.add_argument('--run', type=int, default=0, help='which run of the R trained runs')
-  p.add_argument('--out', default=None, help='output .npz (default WORKDIR/adapter.npz)')
-  a = p.parse_args(argv)
-  path = from_workdir(a.workdir, a.run, a.out)
-  ad = load_adapter(path)
+# ---------------------------------------------------------------------------------------------- the CLI
+
+def main(argv):
+  from absl import app, flags
+  from visim_jax import errors
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  f = flags.FLAGS
+  try:
+    if not f.workdir:
+      raise UserError('--workdir: required: the adaptation workdir holding checkpoints/')
+    path = from_workdir(f.workdir, f.run, f.out)
+    ad = load_adapter(path)
+  except (UserError, OSError) as e:
+    errors.report_and_exit(e, verbose=f.verbosity >= 1)
   print(f'{path}: {ad.in_dim} -> {ad.components.shape[1]} (PCA) -> {ad.out_dim}, backbone {ad.meta["backbone"]}')
 
 
+def _define_flags():  # only when run as a program: importing export defines no flags
+  from absl import flags
+  flags.DEFINE_string('workdir', None, 'An adaptation workdir with checkpoints/.')
+  flags.DEFINE_integer('run', 0, 'Which run of the R trained runs.')
+  flags.DEFINE_string('out', None, 'Output .npz (default WORKDIR/adapter.npz).')
+
+
 if __name__ == '__main__':
-  main()
+  from absl import app
+  _define_flags()
+  app.run(main)

@@ -1,0 +1,240 @@
+"""Searching a folder of images: file lists, features through the cache, the adapter, bad images, outputs.
+
+A folder holding left/ and right/ (the TLL layout, e.g. the demo pairs) is a *pairs folder*: right/ is indexed
+and `query=['all']` asks every left image for its look-alikes and reports where its partner (the same file
+name in right/) ranks; its features share the adaptation experiment's cache entries (same tags and names,
+same cache_dir). In a plain folder `query=['all']` asks every indexed image for its look-alikes among the
+others (itself excluded).
+
+An image that cannot be decoded is skipped and listed (count + names on the console and in results.json,
+`skipped`); in a pairs folder a query whose partner was skipped is dropped with it. strict=True aborts on
+the first bad image instead (one-line error naming it). Nothing is decoded twice when every image is good:
+the file list is only scanned after an extraction failed.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Sequence
+
+import numpy as np
+
+from visim_jax import export, ops, report
+from visim_jax.data import images as images_lib
+from visim_jax.errors import UserError
+from visim_jax.search import index as index_lib
+from visim_jax.search import sheets
+
+FORMATS = ('png', 'html')
+
+
+def cache_dir_of(value: str | None) -> str | None:
+  """'' / None -> the default feature cache; 'none' -> no cache."""
+  if value is None or value == '':
+    return os.path.join(os.path.expanduser('~'), '.cache', 'visim_jax', 'features')
+  return None if value.lower() == 'none' else value
+
+
+def is_pairs_folder(folder: str) -> bool:
+  return os.path.isdir(os.path.join(folder, 'left')) and os.path.isdir(os.path.join(folder, 'right'))
+
+
+def features_of(backbone, paths: Sequence[str], root: str | None, cache_dir: str | None, layers=None,
+                tag: str = 'search', batch_size: int = 32, dtype: str = 'float32', progress: bool = True,
+                strict: bool = True, skipped: list | None = None) -> tuple[np.ndarray, list[str]]:
+  """(features, kept paths) of `paths` through the feature cache (names relative to `root`; None: the paths).
+
+  strict=False: undecodable images are left out and appended to `skipped` as {'path', 'reason'}.
+  """
+  from visim_jax import features as features_lib
+  paths = list(paths)
+
+  def extract(ps):
+    names = [os.path.relpath(p, root) for p in ps] if root is not None else None
+    return features_lib.cached_features(backbone, ps, cache_dir_of(cache_dir), layers=layers, names=names,
+                                        tag=tag, batch_size=batch_size, dtype=dtype, progress=progress)
+
+  try:
+    return extract(paths), paths
+  except images_lib.ImageError as e:
+    if strict:
+      raise
+    first = e
+  bad = images_lib.check_images(paths)
+  if not bad:
+    raise first  # a failure that a second decode does not reproduce: not ours to hide
+  if skipped is not None:
+    skipped.extend({'path': p, 'reason': r} for p, r in bad)
+  bad_paths = {p for p, _ in bad}
+  kept = [p for p in paths if p not in bad_paths]
+  if not kept:
+    raise UserError(f'{bad[0][0]}: none of the {len(paths)} images ({tag}) can be decoded: {bad[0][1]}')
+  return extract(kept), kept
+
+
+def pairs_features(backbone, folder: str, cache_dir: str | None, layers=None, batch_size: int = 32,
+                   dtype: str = 'float32', progress: bool = True):
+  """(left (N, D), right (N, D), names, left paths, right paths) of a pairs folder, as the CLI computes them."""
+  from visim_jax.data import pairs as pairs_lib
+  pairs = pairs_lib.load_pairs(folder)
+  kw = dict(cache_dir=cache_dir, layers=layers, batch_size=batch_size, dtype=dtype, progress=progress)
+  right, _ = features_of(backbone, pairs.right, os.path.join(folder, 'right'), tag='right', **kw)
+  left, _ = features_of(backbone, pairs.left, os.path.join(folder, 'left'), tag='left', **kw)
+  return left, right, list(pairs.names), list(pairs.left), list(pairs.right)
+
+
+def _expand_queries(items: Sequence[str]) -> list[str]:
+  out = []
+  for q in items:
+    if os.path.isdir(q):
+      out.extend(images_lib.list_images(q))
+    elif not os.path.exists(q):
+      raise UserError(f'--query: {q}: image file not found')
+    else:
+      out.append(q)
+  return out
+
+
+def _check_args(folder, query, k, formats):
+  if not os.path.isdir(folder):
+    raise UserError(f'--folder: {folder}: not a folder (give the folder of images to index)')
+  if not query:
+    raise UserError("--query: give image files / folders, or 'all'")
+  if k < 1:
+    raise UserError(f'--k: must be >= 1, got {k}')
+  bad = [f for f in formats if f not in FORMATS]
+  if bad:
+    raise UserError(f'--format: unknown {bad} (known: {", ".join(FORMATS)})')
+
+
+def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone: str | None = None,
+        layers: str | None = None, k: int = 10, out: str = 'search_out', cache_dir: str | None = None,
+        batch_size: int = 32, dtype: str = 'float32', index_dtype: str = 'float32', block: int = 4096,
+        query_block: int = 256, sheet_queries: int = 12, sheet_k: int = 8, formats=FORMATS,
+        progress: bool = True, verbose: bool = True, strict: bool = False) -> dict:
+  """Indexes `folder`, answers `query` (paths, or ['all']); writes results.json, topk.npz and sheets in `out`."""
+  from visim_jax.backbones import get_backbone
+  t0 = time.time()
+  query = list(query or [])
+  _check_args(folder, query, k, formats)
+  ad = export.load_adapter(adapter) if adapter else None
+  bb = get_backbone(backbone or (ad.meta.get('backbone') if ad else None) or 'efficientnet_lite0')
+  layer_list = (tuple(l.strip() for l in layers.split(',') if l.strip()) if layers
+                else tuple(ad.meta['layers']) if ad and ad.meta.get('layers') else bb.layers)
+  try:
+    bb.layer_dims(layer_list)  # unknown layer names fail before any extraction
+  except UserError as e:
+    raise UserError(str(e).replace('config.layers', '--layers')) from None
+  if ad is not None:
+    export.check_backbone(ad, bb, layer_list, adapter)
+  pairs_mode = is_pairs_folder(folder)
+  all_mode = query == ['all']
+  skipped: list[dict] = []
+  fkw = dict(cache_dir=cache_dir, layers=layer_list, batch_size=batch_size, dtype=dtype, progress=progress,
+             strict=strict, skipped=skipped)
+
+  partner = exclude = None
+  if pairs_mode:
+    from visim_jax.data import pairs as pairs_lib
+    pairs = pairs_lib.load_pairs(folder)
+    index_root = os.path.join(folder, 'right')
+    # pairs folders use the adaptation experiment's cache tags and names: searching after training is free
+    index_feats, index_paths = features_of(bb, pairs.right, index_root, tag='right', **fkw)
+  else:
+    index_root = folder
+    index_feats, index_paths = features_of(bb, images_lib.list_images(folder), folder, tag='search-index', **fkw)
+  index_names = [os.path.relpath(p, index_root) for p in index_paths]
+  row_of = {os.path.abspath(p): i for i, p in enumerate(index_paths)}
+  if all_mode and pairs_mode:
+    right_of = {os.path.abspath(l): os.path.abspath(r) for l, r in zip(pairs.left, pairs.right)}
+    lefts = [l for l in pairs.left if right_of[os.path.abspath(l)] in row_of]  # partner skipped: no query
+    query_feats, query_paths = features_of(bb, lefts, os.path.join(folder, 'left'), tag='left', **fkw)
+    partner = np.asarray([row_of[right_of[os.path.abspath(p)]] for p in query_paths], np.int32)
+  elif all_mode:
+    query_paths, query_feats = index_paths, index_feats
+    exclude = np.arange(len(index_paths), dtype=np.int32)
+  else:
+    query_feats, query_paths = features_of(bb, _expand_queries(query), None, tag='search-query', **fkw)
+    exclude = np.asarray([row_of.get(os.path.abspath(p), -1) for p in query_paths], np.int32)  # not itself
+    if pairs_mode:  # left images of the pairs folder given by path: their partners are known too
+      right_of = {os.path.abspath(l): os.path.abspath(r) for l, r in zip(pairs.left, pairs.right)}
+      part = [row_of.get(right_of.get(os.path.abspath(p), ''), -1) for p in query_paths]
+      if all(i >= 0 for i in part):
+        partner = np.asarray(part, np.int32)
+    if (exclude < 0).all():
+      exclude = None
+  t1 = time.time()
+  if ad is not None:
+    index_vecs, query_vecs = (np.asarray(export.apply_adapter(ad, f)) for f in (index_feats, query_feats))
+  else:
+    index_vecs, query_vecs = index_feats, query_feats
+  index = index_lib.build_index(index_vecs, block=block, dtype=index_dtype)
+  kk = min(k, index.n - (1 if exclude is not None else 0))
+  if kk < 1:
+    raise UserError(f'--folder: {folder}: only {index.n} usable image(s) in the index, nothing to search')
+  scores, idx = index_lib.search(index, query_vecs, kk, exclude, query_block)
+  ranks = index_lib.partner_ranks(index, query_vecs, partner, exclude, query_block) if partner is not None else None
+  t2 = time.time()
+
+  queries_json = []
+  for q in range(len(query_paths)):
+    entry = {'query': query_paths[q],
+             'results': [{'rank': j + 1, 'name': index_names[i], 'path': index_paths[i], 'score': float(s)}
+                         for j, (s, i) in enumerate(zip(scores[q], idx[q]))]}
+    if ranks is not None:
+      entry['partner'] = index_paths[partner[q]]
+      entry['partner_rank'] = int(ranks[q])
+    queries_json.append(entry)
+  summary = {
+      'folder': os.path.abspath(folder), 'mode': 'pairs' if pairs_mode else 'folder',
+      'query': 'all' if all_mode else 'files', 'backbone': bb.name, 'weights_sha256': bb.weights_id,
+      'layers': list(layer_list), 'adapter': os.path.abspath(adapter) if adapter else None,
+      'similarity': 'cosine of adapted features' if ad is not None else 'cosine of pooled backbone features',
+      'feature_dim': int(index_feats.shape[1]), 'vector_dim': int(index.dim), 'k': kk, 'n_index': index.n,
+      'n_queries': len(query_paths), 'devices': int(index.mesh.devices.size),
+      'skipped': {'count': len(skipped), 'images': skipped},
+      'metrics': index_lib.rank_metrics(ranks) if ranks is not None else None,
+      'timing_s': {'features': t1 - t0, 'search': t2 - t1},
+      'queries': queries_json if len(queries_json) <= 10000 else None,
+  }
+  _write(out, summary, scores, idx, index_names, query_paths, ranks, formats, sheet_queries, sheet_k,
+         f'{bb.name}{" + adapter" if ad is not None else ""}: top {min(kk, sheet_k)} of {index.n} '
+         f'in {os.path.basename(os.path.abspath(folder))}')
+  if verbose:
+    _print(summary, ranks, sheet_queries, out)
+  return summary
+
+
+def _write(out, summary, scores, idx, index_names, query_paths, ranks, formats, sheet_queries, sheet_k, title):
+  if report.is_writer():
+    arrays = dict(scores=scores, indices=idx, index_names=np.asarray(index_names),
+                  query_paths=np.asarray(query_paths))
+    if ranks is not None:
+      arrays['partner_ranks'] = ranks
+    ops.save_npz_atomic(os.path.join(out, 'topk.npz'), **arrays)
+  report.write_json(os.path.join(out, 'results.json'), summary)
+  rows = [dict(q, results=q['results'][:sheet_k]) for q in (summary['queries'] or [])[:sheet_queries]]
+  if rows and 'png' in formats:
+    sheets.contact_sheet_png(rows, os.path.join(out, 'sheet.png'), title)
+  if rows and 'html' in formats:
+    sheets.contact_sheet_html(rows, os.path.join(out, 'sheet.html'), title)
+
+
+def _print(summary, ranks, sheet_queries, out):
+  shown = min(summary['k'], 3)
+  header = ['query'] + ['1st', '2nd', '3rd'][:shown] + (['partner rank'] if ranks is not None else [])
+  table = [[os.path.basename(q['query'])] + [f'{r["name"]} ({r["score"]:.3f})' for r in q['results'][:shown]]
+           + ([q['partner_rank']] if ranks is not None else []) for q in (summary['queries'] or [])[:sheet_queries]]
+  print(report.table(table, header))
+  if ranks is not None:
+    m = summary['metrics']
+    print(report.table([[f'{m["mean_rank"]:.2f}', m['median_rank'], m['mrr'], m['recall@1'], m['recall@5'],
+                         m['recall@10']]], ['mean rank', 'median', 'MRR', 'R@1', 'R@5', 'R@10']))
+  skipped = summary['skipped']
+  if skipped['count']:
+    names = ', '.join(os.path.basename(s['path']) for s in skipped['images'][:10])
+    more = f' and {skipped["count"] - 10} more' if skipped['count'] > 10 else ''
+    print(f'skipped {skipped["count"]} image(s) that cannot be decoded: {names}{more} '
+          f'(reasons in results.json; --strict aborts instead)')
+  print(f'{summary["n_queries"]} queries against {summary["n_index"]} images ({summary["similarity"]}); '
+        f'results in {os.path.abspath(out)}')

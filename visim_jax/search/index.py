@@ -1,0 +1,119 @@
+"""The index on the host side: placing the normalised vectors on the local devices, and asking it questions
+in fixed-size query chunks (one compilation); the math is in search/topk.py."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from visim_jax import ops
+from visim_jax import sharding as sharding_lib
+from visim_jax.errors import UserError
+from visim_jax.search import topk
+
+
+@dataclasses.dataclass
+class Index:
+  """L2-normalised vectors split across the local devices (rows padded to S x n_local, masked by `valid`)."""
+  vectors: jax.Array   # (S * n_local, D), NamedSharding P('db')
+  valid: jax.Array     # (S * n_local,) bool
+  n: int
+  block: int
+  mesh: jax.sharding.Mesh
+
+  @property
+  def dim(self) -> int:
+    return int(self.vectors.shape[1])
+
+
+def build_index(vectors, block: int = 4096, devices=None, dtype: str = 'float32') -> Index:
+  """Index of (N, D) vectors (normalised here); block is shrunk to the shard size for small N."""
+  vectors = np.asarray(vectors, np.float32)
+  if vectors.ndim != 2 or len(vectors) == 0:
+    raise UserError(f'build_index: expected a non-empty (N, D) array, got shape {vectors.shape}')
+  if not np.isfinite(vectors).all():
+    raise UserError('build_index: NaN/Inf in the vectors')
+  if block < 1:
+    raise UserError(f'--block: must be >= 1, got {block}')
+  mesh = sharding_lib.make_mesh(topk.AXIS, devices if devices is not None else jax.local_devices())
+  s = mesh.devices.size
+  n = len(vectors)
+  per = -(-n // s)
+  block = min(block, per)
+  n_local = -(-per // block) * block
+  total = s * n_local
+  x = np.zeros((total, vectors.shape[1]), np.float32)
+  x[:n] = ops.l2_normalize(vectors)
+  valid = np.zeros((total,), bool)
+  valid[:n] = True
+  split = NamedSharding(mesh, P(topk.AXIS))
+  return Index(jax.device_put(jnp.asarray(x, jnp.dtype(dtype)), split), jax.device_put(valid, split), n, block,
+               mesh)
+
+
+def _query_chunks(queries: np.ndarray, extra: Sequence[np.ndarray], query_block: int):
+  """Yields (start, count, padded queries, padded extras) in fixed-size chunks (one compilation)."""
+  nq = len(queries)
+  qb = max(1, min(query_block, nq))
+  for start in range(0, nq, qb):
+    q = queries[start:start + qb]
+    c = len(q)
+    pad = qb - c
+    q = np.concatenate([q, np.zeros((pad, q.shape[1]), np.float32)]) if pad else q
+    ex = [np.concatenate([e[start:start + qb], np.full((pad,), -1, np.int32)]) if pad else e[start:start + qb]
+          for e in extra]
+    yield start, c, q, ex
+
+
+def _check_queries(index: Index, queries) -> np.ndarray:
+  queries = np.asarray(queries, np.float32)
+  if queries.ndim != 2 or queries.shape[1] != index.dim:
+    raise UserError(f'search: queries of shape {queries.shape}, the index holds {index.dim}-d vectors')
+  return ops.l2_normalize(queries)
+
+
+def search(index: Index, queries, k: int, exclude=None, query_block: int = 256) -> tuple[np.ndarray, np.ndarray]:
+  """(scores (Q, k), indices (Q, k)) of the k most cosine-similar index rows for each query row."""
+  qn = _check_queries(index, queries)
+  limit = index.n - (1 if exclude is not None else 0)
+  if not 1 <= k <= max(limit, 0):
+    raise UserError(f'--k={k}: must be in [1, {limit}] (the index holds {index.n} images'
+                    f'{", one excluded per query" if exclude is not None else ""})')
+  exclude = np.full((len(qn),), -1, np.int32) if exclude is None else np.asarray(exclude, np.int32)
+  rep = NamedSharding(index.mesh, P())
+  out_s = np.empty((len(qn), k), np.float32)
+  out_i = np.empty((len(qn), k), np.int32)
+  for start, c, q, (ex,) in _query_chunks(qn, [exclude], query_block):
+    s, i = topk.sharded_topk(jax.device_put(q, rep), index.vectors, index.valid, jax.device_put(ex, rep),
+                             k=k, block=index.block, mesh=index.mesh)
+    out_s[start:start + c], out_i[start:start + c] = np.asarray(s)[:c], np.asarray(i)[:c]
+  return out_s, out_i
+
+
+def partner_ranks(index: Index, queries, partner, exclude=None, query_block: int = 256) -> np.ndarray:
+  """1-based rank of index row partner[q] for each query (pessimistic ties), over the whole index."""
+  qn = _check_queries(index, queries)
+  partner = np.asarray(partner, np.int32)
+  if partner.shape != (len(qn),) or (partner < 0).any() or (partner >= index.n).any():
+    raise ValueError(f'partner_ranks: partner must be (Q,) indices into the {index.n} index rows')
+  exclude = np.full((len(qn),), -1, np.int32) if exclude is None else np.asarray(exclude, np.int32)
+  rep = NamedSharding(index.mesh, P())
+  out = np.empty((len(qn),), np.int64)
+  for start, c, q, (p, ex) in _query_chunks(qn, [partner, exclude], query_block):
+    p = np.where(p < 0, 0, p).astype(np.int32)
+    r = topk.sharded_partner_ranks(jax.device_put(q, rep), index.vectors, index.valid, jax.device_put(p, rep),
+                                   jax.device_put(ex, rep), block=index.block, mesh=index.mesh)
+    out[start:start + c] = np.asarray(r)[:c]
+  return out
+
+
+def rank_metrics(ranks: np.ndarray, ks=(1, 5, 10)) -> dict:
+  ranks = np.asarray(ranks, np.float64)
+  out = {'mean_rank': float(ranks.mean()), 'median_rank': float(np.median(ranks)),
+         'mrr': float((1.0 / ranks).mean())}
+  out.update({f'recall@{k}': float((ranks <= k).mean()) for k in ks})
+  return out
