@@ -33,15 +33,21 @@ def oxford_cpp_ap(pos, amb, ranked):
 
 
 def revisitop_ap(ranked, pos, junk):
-  """revisitop's compute_map for one query: shift positive ranks by the junk before them, then trapezoids."""
+  """revisitop's compute_map for one query, line by line: positive and junk positions in the ranking, each positive
+  shifted up by the junk strictly before it (while pos[ip] > junk[ij]), then compute_ap's trapezoids."""
   ranked = list(ranked)
-  p = np.array([i for i, x in enumerate(ranked) if x in pos])
-  jk = np.array([i for i, x in enumerate(ranked) if x in junk and x not in pos])
-  p = np.array([r - (jk < r).sum() for r in p])
+  p = [i for i, x in enumerate(ranked) if x in pos]
+  jk = [i for i, x in enumerate(ranked) if x in junk]
+  k = ij = 0
+  for ip in range(len(p)):
+    while ij < len(jk) and p[ip] > jk[ij]:
+      k += 1
+      ij += 1
+    p[ip] -= k
   ap = 0.0
   for j, rank in enumerate(p):
     p0 = 1.0 if rank == 0 else j / rank
-    ap += (p0 + (j + 1) / (rank + 1)) / len(pos) / 2
+    ap += (p0 + (j + 1) / (rank + 1)) * (1.0 / len(pos)) / 2.0
   return ap
 
 
@@ -71,7 +77,7 @@ def test_query_without_positives_is_left_out():
 def test_matches_oxford_cpp_and_revisitop_transcriptions():
   rng = np.random.RandomState(3)
   for _ in range(20):
-    n = rng.randint(5, 40)
+    n = 24                              # one shape: one compilation
     s = rng.rand(n)
     lab = rng.randint(0, 3, n)          # 0 negative, 1 positive, 2 junk
     if not (lab == 1).any():
@@ -81,6 +87,26 @@ def test_matches_oxford_cpp_and_revisitop_transcriptions():
     got = float(map_lib.average_precision(s[None], (lab == 1)[None], (lab == 2)[None])[0])
     assert got == pytest.approx(oxford_cpp_ap(pos, junk, ranked), abs=1e-6)
     assert got == pytest.approx(revisitop_ap(ranked, pos, junk), abs=1e-6)
+
+
+def test_positive_and_junk_overlap_is_compute_ap_cpp():
+  """An image both positive and junk: skipped but counted (compute_ap.cpp); revisitop keeps it as a positive and
+  shifts later positives too, which can exceed 1 (the documented difference)."""
+  s = scores_for([0, 1, 2, 3])[None]
+  pos = np.array([[1, 1, 0, 0]], bool)
+  junk = np.array([[1, 0, 0, 0]], bool)
+  got = float(map_lib.average_precision(s, pos, junk)[0])
+  assert got == pytest.approx(0.5) == pytest.approx(oxford_cpp_ap({0, 1}, {0}, [0, 1, 2, 3]))
+  assert revisitop_ap([0, 1, 2, 3], {0, 1}, {0}) == pytest.approx(1.25)
+  rng = np.random.RandomState(5)
+  for _ in range(30):                     # random overlapping lists: always equal to the compute_ap.cpp loop
+    n = 24
+    sc = rng.rand(n)
+    p, j = rng.rand(n) < 0.3, rng.rand(n) < 0.3
+    p[rng.randint(n)] = True
+    ranked = list(np.argsort(-sc, kind='stable'))
+    want = oxford_cpp_ap(set(np.nonzero(p)[0]), set(np.nonzero(j)[0]), ranked)
+    assert float(map_lib.average_precision(sc[None], p[None], j[None])[0]) == pytest.approx(want, abs=1e-6)
 
 
 def test_revisited_three_settings_hand_computed():

@@ -17,6 +17,13 @@ trapezoids, one per positive (recall steps of 1/n):
   the same formula. tests/test_map.py checks both transcriptions against this implementation.
 A query without positives gets AP = NaN and is left out of the mean (as revisitop does: `nempty`).
 
+An image listed as both positive and junk (never in the official Oxford/Paris files; possible in hand-made or
+merged lists) is handled as compute_ap.cpp does: it is skipped like any junk image, yet still counted in n (the
+positive set's size), so such a query cannot reach AP = 1. revisitop differs there: its junk shift uses a strict
+`pos > junk` test, so the doubly listed image keeps its place as a positive *and* shifts every later positive up
+one rank; the precisions then exceed 1 and so can AP (e.g. positives at ranks 0 and 1 with the first also junk:
+revisitop AP = 1.25, ours / compute_ap.cpp 0.5). tests/test_map.py pins both behaviours.
+
 mP@k (revisitop's definition): with R = the 1-based rank (junk removed) of the *last* positive,
 k' = min(R, k) and P@k = #(positives ranked <= k') / k' (a query with fewer than k positives is not punished
 for the slots it cannot fill). recall@k = #(positives ranked <= k) / n, junk removed, averaged over queries.
@@ -25,8 +32,7 @@ Revisited settings (Radenovic et al. 2018, example_evaluate.py), from a query's 
   easy:   positives = easy,        ignored (junk) = junk + hard
   medium: positives = easy + hard, ignored = junk
   hard:   positives = hard,        ignored = junk + easy
-An image that is both positive and junk counts as positive (as in revisitop, where a junk entry only shifts
-*later* positives).
+(easy, hard and junk are disjoint in the official gnd files, so the overlap rule above never fires there.)
 
 Ties: the ranking sorts by decreasing score, ties broken by lower database index first (stable sort).
 Everything here is a pure function of arrays; index lists are turned into dense (Q, D) masks with
@@ -45,11 +51,11 @@ REVISITED_SETTINGS = ('easy', 'medium', 'hard')
 
 @jax.jit
 def ranked_positions(scores: jax.Array, positive: jax.Array, junk: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(is_positive (Q, D) in ranked order, 0-based rank with junk removed (Q, D)); junk entries get rank -1."""
+  """(is a counted positive (Q, D) in ranked order, 0-based rank with junk removed (Q, D)); junk entries get rank
+  -1 and are never counted positives (compute_ap.cpp: a junk entry is skipped even when it is also positive)."""
   order = jnp.argsort(-scores.astype(jnp.float32), axis=1, stable=True)
-  pos = jnp.take_along_axis(positive, order, axis=1)
-  jk = jnp.take_along_axis(junk, order, axis=1) & ~pos
-  keep = ~jk
+  keep = ~jnp.take_along_axis(junk, order, axis=1)
+  pos = jnp.take_along_axis(positive, order, axis=1) & keep
   rank = jnp.where(keep, jnp.cumsum(keep, axis=1) - 1, -1)
   return pos, rank
 
@@ -65,7 +71,7 @@ def average_precision(scores: jax.Array, positive: jax.Array, junk: jax.Array | 
   r = rank.astype(jnp.float32)
   p0 = jnp.where(r > 0, before / jnp.maximum(r, 1.0), 1.0)
   p1 = (before + 1.0) / (r + 1.0)
-  n = posf.sum(axis=1)
+  n = positive.astype(jnp.float32).sum(axis=1)                  # junk positives still count (compute_ap.cpp)
   total = jnp.sum(jnp.where(pos, 0.5 * (p0 + p1), 0.0), axis=1)
   return jnp.where(n > 0, total / jnp.maximum(n, 1.0), jnp.nan)
 
@@ -79,7 +85,7 @@ def precision_recall_at(scores: jax.Array, positive: jax.Array, junk: jax.Array 
   pos, rank = ranked_positions(scores, positive, junk)
   rank1 = jnp.where(pos, rank + 1, 0)                           # 1-based ranks of positives, 0 elsewhere
   last = rank1.max(axis=1)                                      # R
-  n = pos.sum(axis=1)
+  n = positive.sum(axis=1)
   ks = jnp.asarray(ks)
   kq = jnp.minimum(last[:, None], ks[None, :])                  # (Q, K)
   within = lambda lim: jnp.sum(pos[:, None, :] & (rank1[:, None, :] <= lim[..., None]), axis=-1)
