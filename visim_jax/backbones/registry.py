@@ -78,6 +78,9 @@ for _name, _dims in (('efficientnet_b0', 1280), ('efficientnet_b1', 1280), ('eff
                      ('efficientnet_b3', 1536)):
   _REGISTRY[_name] = ('visim_jax.backbones.efficientnet:efficientnet',
                       f'EfficientNet-{_name[-2:].upper()} ImageNet-1k (gen-efficientnet {_name}), head {_dims}-d', True)
+# FaceNet (visim_jax/backbones/inception_resnet_v1.py)
+_REGISTRY['facenet'] = ('visim_jax.backbones.inception_resnet_v1:facenet',
+                        'FaceNet Inception-ResNet-v1 VGGFace2 (facenet-pytorch), block8 1792-d', True)
 
 
 # Paper 001 Table 1 families: torchvision-style ResNet/ResNeXt (resnet.py), BiT-M ResNetV2 (bit.py), AlexNet
@@ -103,6 +106,16 @@ _TORCHVISION_RN = {
 }
 for _name, _desc in _TORCHVISION_RN.items():
   _REGISTRY[_name] = ('visim_jax.backbones.resnet:resnet_backbone', _desc, True)
+_BIT = {
+    'bit_m_r50x1': 'BiT-M R50x1 ImageNet-21k (timm resnetv2_50x1_bitm_in21k), stages 1-3 + final norm = 3840',
+    'bit_m_r50x3': 'BiT-M R50x3 ImageNet-21k, 11520',
+    'bit_m_r101x1': 'BiT-M R101x1 ImageNet-21k, 3840',
+    'bit_m_r101x3': 'BiT-M R101x3 ImageNet-21k, 11520',
+    'bit_m_r152x2': 'BiT-M R152x2 ImageNet-21k, 7680',
+    'bit_m_r152x4': 'BiT-M R152x4 ImageNet-21k, 15360',
+}
+for _name, _desc in _BIT.items():
+  _REGISTRY[_name] = ('visim_jax.backbones.bit:bit_backbone', _desc, True)
 _REGISTRY['alexnet'] = ('visim_jax.backbones.alexnet:alexnet_backbone',
                         'AlexNet ImageNet-1k (torchvision), last conv block after its max pool, 256', True)
 
