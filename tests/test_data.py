@@ -99,7 +99,7 @@ def test_real_tll_obj_subset_list():
 
 
 def test_feature_pairs_errors(tmp_path):
-  l = np.ones((4, 3), np.float32)
+  l = np.random.RandomState(0).rand(4, 3).astype(np.float32) + 0.1  # distinct rows: constant features are refused
   np.savez(tmp_path / 'ok.npz', left=l, right=l, names=np.array(['a', 'b', 'c', 'd']))
   assert pairs.load_feature_pairs(str(tmp_path / 'ok.npz'))[0].shape == (4, 3)
   np.savez(tmp_path / 'shape.npz', left=l, right=np.ones((4, 5)))
@@ -116,3 +116,24 @@ def test_feature_pairs_errors(tmp_path):
   np.savez(tmp_path / 'noright.npz', left=l)
   with pytest.raises(ValueError, match=r"noright.npz: missing array\(s\) \['right'\]"):
     pairs.load_feature_pairs(str(tmp_path / 'noright.npz'))
+
+
+def test_demo_honours_cache_dir_and_umask(tmp_path, monkeypatch):
+  monkeypatch.setenv('HOME', str(tmp_path / 'home'))
+  monkeypatch.delenv('VISIM_CACHE', raising=False)
+  old = os.umask(0o022)
+  try:
+    folder = demo.demo_pairs(n_pairs=8, seed=3, cache_dir=str(tmp_path / 'cache'))
+  finally:
+    os.umask(old)
+  assert folder == str(tmp_path / 'cache' / 'demo' / 'pairs-v2-n8-seed3')
+  assert not (tmp_path / 'home').exists()
+  modes = {oct(os.stat(os.path.join(folder, p)).st_mode & 0o777)
+           for p in ('classes.csv', 'DONE.json', 'left/00001.png', 'right/00008.png')}
+  assert modes == {'0o644'} and oct(os.stat(folder).st_mode & 0o777) == '0o755'
+  assert not [n for n in os.listdir(tmp_path / 'cache' / 'demo') if n.startswith('.tmp')]
+  from ml_collections import ConfigDict
+  cfg = ConfigDict({'demo': {'root': '', 'n_pairs': 8, 'seed': 3}, 'cache_dir': str(tmp_path / 'cache')})
+  assert demo.from_config(cfg) == folder
+  with pytest.raises(ValueError, match='config.demo.n_pairs'):
+    demo.demo_pairs(str(tmp_path), n_pairs=4)

@@ -6,13 +6,18 @@ side is re-rendered (grayscale, posterised,
 edge sketch, colour shift, mirror, blur, ...), so the two sides look alike without being the same pixels,
 which stands in for TLL's 'totally looks like' pairs until the user points the config at the real data.
 
-`demo_pairs(root, n_pairs, seed)` writes the set once in the TLL layout (root/left/NNNNN.png,
-root/right/NNNNN.png, plus classes.csv: name,source) and returns that folder; the same seed gives
-byte-identical files. The class of a pair (its source photo) also makes a small labelled set.
+`demo_pairs(root, n_pairs, seed, cache_dir)` writes the set once in the TLL layout (left/NNNNN.png,
+right/NNNNN.png, plus classes.csv: name,source) and returns that folder; the same seed gives byte-identical
+files. Where: `root` (config.demo.root) if given, else `<cache_dir>/demo` when a cache folder is given
+(config.cache_dir: everything the tools cache goes where the user said), else $VISIM_CACHE/demo or
+~/.cache/visim_jax/demo. `from_config(config)` does that for a config. The set is built in a temp folder
+and renamed into place (concurrent builders: one wins, the others use its set); files get the umask's
+permissions. The class of a pair (its source photo) also makes a small labelled set.
 """
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import shutil
@@ -20,6 +25,9 @@ import tempfile
 
 import numpy as np
 from PIL import Image, ImageFilter, ImageOps
+
+from visim_jax import ops
+from visim_jax.errors import UserError
 
 DEMO_VERSION = 2
 IMAGE_SIZE = 160  # side of the stored demo images
@@ -50,7 +58,7 @@ def source_images() -> dict[str, Image.Image]:
   for name in SKLEARN_SOURCES:
     out[name.split('.')[0]] = Image.fromarray(load_sample_image(name)).convert('RGB')
   if len(out) < 8:
-    raise RuntimeError(f'only {len(out)} packaged source images found; need scikit-image and scikit-learn')
+    raise UserError(f'demo: only {len(out)} packaged source images found; install scikit-image and scikit-learn')
   return out
 
 
@@ -118,34 +126,42 @@ def _build(folder: str, n_pairs: int, seed: int) -> None:
     left.save(os.path.join(folder, 'left', name), optimize=False)
     right.save(os.path.join(folder, 'right', name), optimize=False)
     rows.append((name, src, how))
-  with open(os.path.join(folder, 'classes.csv'), 'w', newline='') as f:
-    w = csv.writer(f)
-    w.writerow(('name', 'source', 'rendering'))
-    w.writerows(rows)
+  text = io.StringIO(newline='')
+  w = csv.writer(text)
+  w.writerow(('name', 'source', 'rendering'))
+  w.writerows(rows)
+  ops.atomic_write_text(os.path.join(folder, 'classes.csv'), text.getvalue())
 
 
-def default_root() -> str:
+def default_root(cache_dir: str | None = None) -> str:
+  """<cache_dir>/demo if a cache folder is given, else $VISIM_CACHE/demo or ~/.cache/visim_jax/demo."""
+  if cache_dir:
+    return os.path.join(os.path.expanduser(cache_dir), 'demo')
   base = os.environ.get('VISIM_CACHE', os.path.join(os.path.expanduser('~'), '.cache', 'visim_jax'))
   return os.path.join(base, 'demo')
 
 
-def demo_pairs(root: str | None = None, n_pairs: int = 192, seed: int = 0) -> str:
-  """Writes (once) and returns the folder of the demo pairs set in the TLL layout."""
+def demo_pairs(root: str | None = None, n_pairs: int = 192, seed: int = 0, cache_dir: str | None = None) -> str:
+  """Writes (once) and returns the folder of the demo pairs set in the TLL layout (root: see the module doc)."""
   if n_pairs < 8:
-    raise ValueError(f'config.demo.n_pairs: need at least 8 pairs, got {n_pairs}')
-  root = root or default_root()
+    raise UserError(f'config.demo.n_pairs: need at least 8 pairs, got {n_pairs}')
+  root = root or default_root(cache_dir)
   folder = os.path.join(root, f'pairs-v{DEMO_VERSION}-n{n_pairs}-seed{seed}')
   stamp = os.path.join(folder, 'DONE.json')
   if os.path.exists(stamp):
     return folder
-  os.makedirs(root, exist_ok=True)
-  tmp = tempfile.mkdtemp(dir=root, prefix='.tmp-demo-')
+  try:
+    os.makedirs(root, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=root, prefix='.tmp-demo-')
+  except OSError as e:
+    raise UserError(f'{root}: cannot create the demo folder ({e.strerror}); set config.demo.root or '
+                    'config.cache_dir to a writable folder') from None
   try:
     _build(os.path.join(tmp, 'set'), n_pairs, seed)
-    with open(os.path.join(tmp, 'set', 'DONE.json'), 'w') as f:
-      json.dump({'version': DEMO_VERSION, 'n_pairs': n_pairs, 'seed': seed}, f)
-    if os.path.exists(folder):  # an incomplete earlier attempt
-      shutil.rmtree(folder)
+    ops.atomic_write_text(os.path.join(tmp, 'set', 'DONE.json'),
+                          json.dumps({'version': DEMO_VERSION, 'n_pairs': n_pairs, 'seed': seed}))
+    if os.path.exists(folder) and not os.path.exists(stamp):  # an incomplete earlier attempt
+      shutil.rmtree(folder, ignore_errors=True)
     try:
       os.replace(os.path.join(tmp, 'set'), folder)
     except OSError:  # another process won the race
@@ -154,6 +170,12 @@ def demo_pairs(root: str | None = None, n_pairs: int = 192, seed: int = 0) -> st
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
   return folder
+
+
+def from_config(config) -> str:
+  """demo_pairs for a config: config.demo.{root, n_pairs, seed}, and config.cache_dir when set."""
+  return demo_pairs(config.demo.root or None, config.demo.n_pairs, config.demo.seed,
+                    cache_dir=config.get('cache_dir') or None)
 
 
 def demo_classes(folder: str) -> dict[str, str]:
