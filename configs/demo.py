@@ -19,6 +19,7 @@ def get_config(arg=None):
   if arg == 'local':
     c.demo.n_pairs = 96
     c.runs, c.epochs, c.checkpoint_every = 3, 40, 20
+    c.pca_dim = 128  # 96 pairs: 72 train pairs = 144 PCA samples, so 256 cannot be fitted
     c.ks = (1, 5, 10)
   elif arg:
     raise ValueError(f'configs/demo.py: unknown argument {arg!r} (known: local)')

@@ -14,11 +14,12 @@ photo), EfficientNet-Lite0 features from the feature cache, and a small built-in
   # precomputed features: an .npz with features (N, D), labels (N,), optional class_names
   ... --config.dataset=features --config.features=feats.npz --config.class_tree=''
 
-Documentation: docs/histograms.md. `:local` is a smaller, faster mode (fewer demo pairs and random pairs).
+Documentation (every field, the fidelity table): docs/histograms.md. `:local` is a smaller, faster mode
+(fewer demo pairs, fewer random pairs, 3 standard-error replicates).
 """
 import ml_collections
 
-from visim_jax.backbones import config as backbone_config
+from visim_jax import features
 
 
 def get_config(arg=None):
@@ -34,26 +35,32 @@ def get_config(arg=None):
   # features (image sources)
   # backbone, backbone_kwargs.{weights,random_init,tiny}, layers ('' = its default pooled stages),
   # image_batch_size, dtype ('float32' | 'bfloat16'), cache_dir ('' = ~/.cache/visim_jax/features)
-  backbone_config.add_fields(c)
+  features.add_fields(c)
 
-  # method (paper Sec. 3, 9.1)
+  # method (paper Sec. 3, 4.1, 9.1)
   c.normalization = 'target'   # 'none' | 'target' (this set's mean/std, the paper's default) | 'source'
   c.source_stats = ''          # normalization=source: .npz with `mean` and `std` (D,)
   c.bins = 100
+  c.min_class_size = 10        # Sec. 4.1: classes with fewer images are omitted
   c.pairs = ml_collections.ConfigDict({
-      'mode': 'auto',          # 'auto' (every pair when a kind has <= exhaustive_max pairs) | 'random' | 'exhaustive'
-      'n_intra': 10_000,       # random intra pairs per class
-      'n_inter': 10_000,       # random inter pairs per class
-      'exhaustive_max': 2_000_000,
-      'chunk_elems': 0,        # floats gathered per side per round (memory bound); 0 = 2^19 on CPU, 2^26 else
+      'mode': 'auto',          # 'auto' (exhaustive when it fits, else random; one estimator per run) | 'random'
+                               # | 'exhaustive' (every pair, blocked exact pass; refused with an estimate if too big)
+      'n_intra': 10_000,       # random: intra pairs per class
+      'n_inter': 10_000,       # random: inter pairs per class
+      'exhaustive_max': 50_000_000,  # auto: exhaustive when the run has at most this many pairs
+      'max_seconds': 86_400.0,  # exhaustive: refuse when the time estimate is larger
+      'tile': 0,               # exhaustive: block size (0 = 256 on CPU, 1024 on accelerators)
+      'chunk_elems': 0,        # random: floats gathered per side per round (0 = 2^19 on CPU, 2^26 else)
   })
+  c.se_replicates = 5          # standard errors: bootstrap replicates (exhaustive) / extra seeds (random); 0 = none
+  c.pairwise_max_classes = 256  # pairwise maximal overlap ((C, C, bins) counts) for at most this many classes
   c.knn = ml_collections.ConfigDict({'k': 10, 'queries': 10_000})  # k=0: no kNN; queries=0: every sample
   c.seed = 0
   c.shard = True               # shard the sample axis over all devices when there are several
 
   # hierarchy (paper Sec. 4): '' = none, 'demo' = the built-in tree of the demo set, or a parent->children file
   c.class_tree = 'demo'
-  c.tree_min_children = 2
+  c.tree_min_children = 3      # Sec. 4.1: nodes with more than 2 children (holding samples)
 
   # outputs
   c.plots = True
@@ -62,7 +69,7 @@ def get_config(arg=None):
   if arg == 'local':
     c.demo.n_pairs = 96
     c.pairs.n_intra = c.pairs.n_inter = 2_000
-    c.pairs.exhaustive_max = 20_000
+    c.se_replicates = 3
     c.knn.queries = 0
   elif arg:
     raise ValueError(f'configs/histograms.py: unknown argument {arg!r} (known: local)')

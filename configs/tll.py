@@ -5,12 +5,12 @@ r"""The adaptation experiment on Totally Looks Like (paper 001: Risser-Maroix et
 
 `data_dir` holds left/ and right/ (a pair = the same file name in both). `subset` restricts to TLL_obj
 (4,199 names; the authors' TLL_obj.csv, also in ../shared/data/tll/). `--config=configs/tll.py:local` is a
-small quick mode (3 runs x 30 epochs). Precomputed features: --config.dataset=features
---config.features=feats.npz --config.flip=False (or with left_flip/right_flip arrays in the file).
+small quick mode (3 runs x 30 epochs). Precomputed features: --config.features=feats.npz alone selects them
+(with left_flip/right_flip arrays in the file for the flip view; without them the run says so and goes on).
 """
 import ml_collections
 
-from visim_jax.backbones import config as backbone_config
+from visim_jax import features
 
 
 def get_config(arg=None):
@@ -25,7 +25,7 @@ def get_config(arg=None):
   # features
   # backbone, backbone_kwargs.{weights,random_init,tiny}, layers ('' = its default pooled stages),
   # image_batch_size, dtype ('float32' | 'bfloat16'), cache_dir ('' = ~/.cache/visim_jax/features)
-  backbone_config.add_fields(c)
+  features.add_fields(c)
   c.flip = True                # mirrored images as a second training view (reference code)
 
   # method
@@ -49,7 +49,6 @@ def get_config(arg=None):
   c.checkpoint_every = 25
   c.plots = True
   c.sheet_queries = 6
-  c.debug_stop_after_epoch = 0  # >0: stop (as if killed) after this epoch's checkpoint; for resume tests
 
   if arg == 'local':
     c.runs, c.epochs, c.checkpoint_every = 3, 30, 10

@@ -1,6 +1,6 @@
 """Runs adapt.train_all on the synthetic features of test_adapt in a fresh process (multi-device tests).
 
-  python tests/adapt_worker.py OUT.npz CKPT_DIR [PROCESS_ID NUM_PROCESSES PORT]
+  python tests/adapt_worker.py OUT.npz WORKDIR [PROCESS_ID NUM_PROCESSES PORT]
 """
 import os
 import sys
@@ -17,11 +17,13 @@ def main(out, ckpt, pid=None, nproc=None, port=None):
     jax.distributed.initialize(f'localhost:{port}', int(nproc), int(pid))
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   from test_adapt import HP, synthetic
-  from visim_jax import train
+  from visim_jax import runtime, train
   from visim_jax.experiments import adapt
   d = synthetic()
   feats = train.Features(d['left'], d['right'], d['left_flip'], d['right_flip'])
-  res = adapt.train_all(HP, feats, ckpt if ckpt != '-' else None, checkpoint_every=3, progress=False)
+  fp = runtime.fingerprint(HP.__dict__, feats)
+  with runtime.Run(ckpt, {'hparams': HP.__dict__}, fp, progress=False) as run:  # checkpoints in ckpt/checkpoints
+    res = adapt.train_all(HP, feats, run, checkpoint_every=3, progress=False)
   if jax.process_index() == 0:
     np.savez(out, loss=res['loss'], ranks=res['ranks'], w=res['params']['w'], raw=res['raw'],
              devices=jax.device_count(), processes=jax.process_count())

@@ -86,20 +86,33 @@ def test_bfloat16_training_tracks_float32():
   assert diff.mean() < 0.01 * np.abs(f32['params']['w']).mean()  # Adam's sign-like steps flip a few tiny grads
 
 
-def test_resume_after_kill_equals_no_kill(tmp_path):
+def kill_after(step):
+  """A runtime.FAULT_HOOK that kills the run (KeyboardInterrupt) right after the checkpoint of `step`."""
+  def hook(phase, at, directory):
+    if phase == 'after_save' and at == step:
+      raise KeyboardInterrupt(f'simulated kill after step {at}')
+  return hook
+
+
+def test_resume_after_kill_equals_no_kill(tmp_path, monkeypatch):
+  from visim_jax import runtime
   np.savez(tmp_path / 'f.npz', **synthetic())
   full = adapt.run(features_config(tmp_path / 'f.npz'), str(tmp_path / 'full'), progress=False)
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', kill_after(8))
   with pytest.raises(KeyboardInterrupt):
-    adapt.run(features_config(tmp_path / 'f.npz', debug_stop_after_epoch=5), str(tmp_path / 'killed'),
-              progress=False)
+    adapt.run(features_config(tmp_path / 'f.npz'), str(tmp_path / 'killed'), progress=False)
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', None)
   assert not os.path.exists(tmp_path / 'killed' / 'metrics.json')
   assert sorted(os.listdir(tmp_path / 'killed' / 'checkpoints')) == ['4', '8']
   resumed = adapt.run(features_config(tmp_path / 'f.npz'), str(tmp_path / 'killed'), progress=False)
   assert resumed['results'] == full['results']
   assert resumed['chosen_epoch'] == full['chosen_epoch']
-  # a different config refuses to resume from these checkpoints
-  with pytest.raises(ValueError, match='checkpoints of a different config'):
+  assert resumed['fingerprint'] == full['fingerprint']
+  # a different config refuses to resume from these checkpoints, naming the field, and writes nothing
+  before = open(tmp_path / 'killed' / 'config.json').read()
+  with pytest.raises(ValueError, match=r'checkpoints of a different config .*config.sigma \(15.0 -> 1.0\)'):
     adapt.run(features_config(tmp_path / 'f.npz', sigma=1.0), str(tmp_path / 'killed'), progress=False)
+  assert open(tmp_path / 'killed' / 'config.json').read() == before
 
 
 def test_pca_fit_all_and_no_flip(tmp_path):
@@ -108,6 +121,20 @@ def test_pca_fit_all_and_no_flip(tmp_path):
                 str(tmp_path / 'w'), progress=False)
   assert m['pca']['fit'] == 'all' and not m['flip_augmentation']
   assert 'test included' in m['pca']['fit_description']
+
+
+def test_features_file_without_flip_arrays_runs_without_the_flip_view(tmp_path, capsys):
+  np.savez(tmp_path / 'noflip.npz', **synthetic(flip=False))
+  c = tll_config.get_config()           # dataset='tll': config.features alone selects the features source
+  c.features = str(tmp_path / 'noflip.npz')
+  c.runs, c.epochs, c.pca_dim, c.adapt_dim, c.ks, c.checkpoint, c.plots = 2, 3, 8, 16, (1, 5), False, False
+  m = adapt.run(c, str(tmp_path / 'w'), progress=False)
+  assert m['dataset'] == 'features' and not m['flip_augmentation']
+  assert 'left_flip' in m['flip_note'] and capsys.readouterr().out.count('left_flip') == 1
+  on_disk = json.load(open(tmp_path / 'w' / 'metrics.json'))
+  assert on_disk['flip_note'] == m['flip_note']
+  # backbone options do not apply to precomputed features: they are not recorded as if used
+  assert 'backbone' not in on_disk['config'] and 'backbone' not in json.load(open(tmp_path / 'w' / 'config.json'))
 
 
 def test_demo_end_to_end_adapted_beats_raw(tmp_path, demo_root):
@@ -139,9 +166,6 @@ def test_bad_input_fails_before_writing(tmp_path):
   np.savez(tmp_path / 'small.npz', **synthetic(n=20))
   with pytest.raises(ValueError, match='config.ks: the test split has 5 pairs'):
     adapt.run(features_config(tmp_path / 'small.npz', ks=(1, 20)), str(wd), progress=False)
-  np.savez(tmp_path / 'noflip.npz', **synthetic(flip=False))
-  with pytest.raises(KeyError, match='left_flip'):
-    adapt.run(features_config(tmp_path / 'noflip.npz'), str(wd), progress=False)
   with pytest.raises(ValueError, match='config.data_dir'):
     c = tll_config.get_config()
     adapt.run(c, str(wd), progress=False)

@@ -10,6 +10,14 @@ cached_features(): the same, behind a cache: one .npz per (image list x backbone
 preprocessing x dtype) holding `features`, `names` and a JSON `manifest`. Written atomically (temp file + rename);
 reused when the manifest matches; recomputed when anything in it differs; a corrupt or truncated file is
 detected (unreadable zip, wrong shapes, NaN, checksum mismatch) and rebuilt.
+
+The config glue every experiment shares (formerly backbones/config.py) lives here too: `add_fields` adds
+backbone (a registry name), backbone_kwargs.{weights, random_init, tiny} ('' / -1 / False mean 'not set'),
+layers (comma-separated stage names; '' = the backbone's default), image_batch_size, dtype ('float32' |
+'bfloat16': the backbone's compute dtype) and cache_dir ('' = ~/.cache/visim_jax/features); `build` makes
+the backbone (unknown names and layers fail before any extraction), `features_of` reads through the cache,
+`describe` is what metrics.json records, `BACKBONE_FIELDS` are left out of a run's record when the source is
+precomputed features (they do not apply).
 """
 from __future__ import annotations
 
@@ -17,7 +25,6 @@ import concurrent.futures
 import hashlib
 import json
 import os
-import tempfile
 from typing import Sequence
 
 import jax
@@ -26,19 +33,20 @@ import numpy as np
 from absl import logging
 from tqdm.auto import tqdm
 
-from visim_jax import report, sharding
+from visim_jax import ops, report, sharding
 from visim_jax.backbones.base import Backbone
 from visim_jax.data import images as images_lib
+from visim_jax.errors import UserError
 
 CACHE_VERSION = 1
 
 
-def pool_one(x: jax.Array, eps: float = 1e-12) -> jax.Array:
+def pool_one(x: jax.Array) -> jax.Array:
   """Spatial (or token) mean of one stage's output, L2-normalised: (N, ..., C) -> (N, C)."""
   x = x.astype(jnp.float32)
   if x.ndim > 2:
     x = x.mean(axis=tuple(range(1, x.ndim - 1)))
-  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+  return ops.l2_normalize(x)
 
 
 def pool(stages, layers: Sequence[str]) -> jax.Array:
@@ -50,12 +58,8 @@ def pool(stages, layers: Sequence[str]) -> jax.Array:
 
 
 def layer_dims(backbone: Backbone, layers: Sequence[str]) -> dict[str, int]:
-  x = jax.ShapeDtypeStruct((1, backbone.preprocess.size, backbone.preprocess.size, 3), jnp.uint8)
-  _, stages = jax.eval_shape(backbone.__call__, x)
-  missing = [l for l in layers if l not in stages]
-  if missing:
-    raise ValueError(f'config.layers: {missing} not among the {backbone.name} stages {sorted(stages)}')
-  return {l: int(stages[l].shape[-1]) for l in layers}
+  """Backbone.layer_dims (kept for callers of the old name)."""
+  return backbone.layer_dims(layers)
 
 
 def make_extract_fn(backbone: Backbone, layers: Sequence[str], dtype=jnp.float32):
@@ -78,8 +82,11 @@ def make_extract_fn(backbone: Backbone, layers: Sequence[str], dtype=jnp.float32
 
 def extract(backbone: Backbone, paths: Sequence[str], layers: Sequence[str] | None = None,
             batch_size: int = 32, dtype: str = 'float32', progress: bool = True,
-            desc: str = 'features', num_threads: int = 4, flip: bool = False) -> np.ndarray:
+            desc: str = 'features', num_threads: int = 4, flip: bool = False, loader=None) -> np.ndarray:
   """Pooled features of every image in `paths` (order kept), as float32 (N, D).
+
+  loader(items, preprocess) -> uint8 (B, size, size, 3) replaces images.load_batch for sources that are not
+  image files (e.g. data.classes.TfdsImages.load_batch; `paths` are then its item names).
 
   flip=True mirrors every image horizontally first (the adaptation paper's augmentation view).
   """
@@ -89,7 +96,7 @@ def extract(backbone: Backbone, paths: Sequence[str], layers: Sequence[str] | No
   if not paths:
     raise ValueError('extract: empty image list')
   fn = make_extract_fn(backbone, layers, jnp.dtype(dtype))
-  dim = sum(layer_dims(backbone, layers).values())
+  dim = sum(backbone.layer_dims(layers).values())
   out = np.empty((len(paths), dim), np.float32)
   # the batch axis is split over this host's devices; the weights are replicated on each
   mesh = sharding.make_mesh('batch', jax.local_devices())
@@ -99,7 +106,7 @@ def extract(backbone: Backbone, paths: Sequence[str], layers: Sequence[str] | No
   pre = backbone.preprocess
 
   def load(batch):
-    x = images_lib.load_batch(batch, pre)
+    x = (loader or images_lib.load_batch)(batch, pre)
     if flip:
       x = np.ascontiguousarray(x[:, :, ::-1])
     if len(batch) < batch_size:  # pad to one shape: one compilation
@@ -133,7 +140,7 @@ def file_list_hash(paths: Sequence[str]) -> str:
 
 
 def manifest_for(backbone: Backbone, paths: Sequence[str], layers: Sequence[str], dtype: str,
-                 flip: bool = False) -> dict:
+                 flip: bool = False, source_id: dict | None = None) -> dict:
   """What the cached features depend on (JSON-normalised, so it compares equal to its stored copy)."""
   return json.loads(json.dumps({
       'version': CACHE_VERSION,
@@ -145,7 +152,7 @@ def manifest_for(backbone: Backbone, paths: Sequence[str], layers: Sequence[str]
       'dtype': str(dtype),
       'flip': bool(flip),
       'num_images': len(paths),
-      'file_list_sha256': file_list_hash(paths),
+      **({'file_list_sha256': file_list_hash(paths)} if source_id is None else {'source': source_id}),
   }))
 
 
@@ -154,19 +161,7 @@ def cache_path(cache_dir: str, tag: str, manifest: dict) -> str:
   return os.path.join(cache_dir, f'{tag}-{manifest["backbone"]}-{key}.npz')
 
 
-def save_npz_atomic(path: str, **arrays) -> None:
-  """np.savez into a temp file in the same folder, then os.replace: readers never see half a file."""
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp-', suffix='.npz')
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      np.savez(f, **arrays)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+save_npz_atomic = ops.save_npz_atomic  # old name, kept until search/export/histograms import ops; then removed
 
 
 def _checksum(features: np.ndarray) -> str:
@@ -198,46 +193,146 @@ def read_cache(path: str, manifest: dict | None = None) -> tuple[np.ndarray, np.
 def cached_features(backbone: Backbone, paths: Sequence[str], cache_dir: str | None,
                     layers: Sequence[str] | None = None, names: Sequence[str] | None = None,
                     tag: str = 'images', batch_size: int = 32, dtype: str = 'float32',
-                    progress: bool = True, flip: bool = False) -> np.ndarray:
+                    progress: bool = True, flip: bool = False, loader=None,
+                    source_id: dict | None = None) -> np.ndarray:
   """Features of `paths`, from the cache when its manifest matches, else extracted and cached.
 
   With cache_dir=None nothing is written. `names` (default: the paths) are stored beside the features.
+  loader / source_id: items that are not files (see `extract`); source_id (JSON) then keys the cache in place
+  of the file list's hash.
   """
   layers = tuple(layers or backbone.layers)
   names = np.asarray(list(names if names is not None else paths))
   tag = tag + ('-flip' if flip else '')
   if cache_dir is None:
-    return extract_all_hosts(backbone, paths, layers, batch_size, dtype, progress, desc=tag, flip=flip)
-  manifest = manifest_for(backbone, paths, layers, dtype, flip)
+    return extract_all_hosts(backbone, paths, layers, batch_size, dtype, progress, desc=tag, flip=flip,
+                             loader=loader)
+  manifest = manifest_for(backbone, paths, layers, dtype, flip, source_id)
   path = cache_path(cache_dir, tag, manifest)
   hit = read_cache(path, manifest)
   if hit is not None and np.array_equal(hit[1], names):
     logging.info('feature cache hit: %s', path)
     return hit[0]
-  feats = extract_all_hosts(backbone, paths, layers, batch_size, dtype, progress, desc=tag, flip=flip)
+  feats = extract_all_hosts(backbone, paths, layers, batch_size, dtype, progress, desc=tag, flip=flip,
+                            loader=loader)
   if not np.isfinite(feats).all():
     raise FloatingPointError(f'{backbone.name}: non-finite features for {tag}; nothing cached')
   if report.is_writer():
     stored = dict(manifest, features_sha256=_checksum(feats))
-    save_npz_atomic(path, features=feats, names=names, manifest=np.asarray(json.dumps(stored, sort_keys=True)))
+    try:
+      ops.save_npz_atomic(path, features=feats, names=names, manifest=np.asarray(json.dumps(stored, sort_keys=True)))
+    except OSError as e:
+      raise UserError(f'{e.filename or path}: cannot write the feature cache ({e.strerror}); free space or '
+                      'set --config.cache_dir to a writable folder') from e
     logging.info('feature cache written: %s', path)
   return feats
 
 
 def extract_all_hosts(backbone: Backbone, paths: Sequence[str], layers, batch_size: int, dtype: str,
-                      progress: bool, desc: str, flip: bool) -> np.ndarray:
+                      progress: bool, desc: str, flip: bool, loader=None) -> np.ndarray:
   """`extract` with the file list split into one contiguous slice per host, gathered on every host."""
   n_proc = jax.process_count()
   if n_proc == 1:
-    return extract(backbone, paths, layers, batch_size, dtype, progress, desc=desc, flip=flip)
+    return extract(backbone, paths, layers, batch_size, dtype, progress, desc=desc, flip=flip, loader=loader)
   from jax.experimental import multihost_utils
   per = -(-len(paths) // n_proc)
   lo = jax.process_index() * per
   mine = list(paths[lo:lo + per])
-  dim = sum(layer_dims(backbone, layers).values())
+  dim = sum(backbone.layer_dims(layers).values())
   local = np.zeros((per, dim), np.float32)
   if mine:
     local[:len(mine)] = extract(backbone, mine, layers, batch_size, dtype, progress and report.is_writer(),
-                                desc=desc, flip=flip)
+                                desc=desc, flip=flip, loader=loader)
   gathered = np.asarray(multihost_utils.process_allgather(local))  # (n_proc, per, dim)
   return gathered.reshape(-1, dim)[:len(paths)]
+
+
+# ------------------------------------------------------------------------------------------ config glue
+
+BACKBONE_FIELDS = ('backbone', 'backbone_kwargs', 'layers', 'image_batch_size', 'dtype', 'cache_dir')
+
+
+def add_fields(c):
+  """Adds the backbone fields (see the module docstring) to an ml_collections ConfigDict."""
+  import ml_collections
+  c.backbone = 'efficientnet_lite0'
+  c.backbone_kwargs = ml_collections.ConfigDict({'weights': '', 'random_init': -1, 'tiny': False})
+  c.layers = ''
+  c.image_batch_size = 32
+  c.dtype = 'float32'
+  c.cache_dir = ''
+  return c
+
+
+def backbone_kwargs(config) -> dict:
+  """The options of config.backbone_kwargs that are set: not every backbone factory takes every option."""
+  out = {}
+  for k, v in config.backbone_kwargs.items():
+    if v is None or v == '' or (isinstance(v, bool) and not v) or (k == 'random_init' and v < 0):
+      continue
+    out[k] = v
+  return out
+
+
+def cache_dir(config) -> str:
+  return config.cache_dir or os.path.join(os.path.expanduser('~'), '.cache', 'visim_jax', 'features')
+
+
+def check_cache_dir(config) -> str:
+  """The feature cache folder, created now (before any extraction); a one-line UserError if it cannot be."""
+  path = cache_dir(config)
+  if os.path.islink(path) and not os.path.exists(path):
+    raise UserError(f'config.cache_dir: {path} is a broken symbolic link; remove it or set another folder')
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise UserError(f'config.cache_dir: cannot create {e.filename or path} ({e.strerror}); set '
+                    '--config.cache_dir to a writable folder') from e
+  if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+    raise UserError(f'config.cache_dir: {path} is not a writable folder; set --config.cache_dir to one')
+  return path
+
+
+def build(config) -> tuple[Backbone, tuple[str, ...]]:
+  """(backbone, pooled layers); unknown names fail here, naming the field, before any extraction."""
+  from visim_jax.backbones.registry import get_backbone  # deferred: transformers is heavy
+  if config.dtype not in ('float32', 'bfloat16'):
+    raise UserError(f"config.dtype: 'float32' or 'bfloat16', got {config.dtype!r}")
+  if config.image_batch_size < 1:
+    raise UserError(f'config.image_batch_size: must be >= 1, got {config.image_batch_size}')
+  check_cache_dir(config)
+  backbone = get_backbone(config.backbone, **backbone_kwargs(config))
+  layers = tuple(l.strip() for l in config.layers.split(',') if l.strip()) or tuple(backbone.layers)
+  backbone.layer_dims(layers)
+  return backbone, layers
+
+
+def describe(backbone: Backbone, layers: Sequence[str]) -> dict:
+  return {'backbone': backbone.name, 'weights_sha256': backbone.weights_id, 'layers': list(layers),
+          'image_size': backbone.preprocess.size, 'preprocessing': backbone.preprocess.describe()}
+
+
+def features_of(config, backbone: Backbone, layers: Sequence[str], paths: Sequence[str],
+                names: Sequence[str] | None = None, tag: str = 'images', flip: bool = False,
+                progress: bool = True, loader=None, source_id: dict | None = None) -> np.ndarray:
+  """Pooled features of `paths` through the feature cache, with the config's batch size, dtype and cache."""
+  return cached_features(backbone, paths, cache_dir(config), layers=layers, names=names, tag=tag,
+                         batch_size=config.image_batch_size, dtype=config.dtype, progress=progress, flip=flip,
+                         loader=loader, source_id=source_id)
+
+
+def select_source(config):
+  """A non-empty config.features alone selects the precomputed-features source (dataset='features')."""
+  if config.get('features') and config.get('dataset') not in ('features', None):
+    config = config.copy_and_resolve_references()
+    config.dataset = 'features'
+  return config
+
+
+def recorded_config(config, uses_backbone: bool) -> dict:
+  """The config as a run records it: without the backbone fields when the source is precomputed features."""
+  d = config.to_dict()
+  if not uses_backbone:
+    for k in BACKBONE_FIELDS:
+      d.pop(k, None)
+  return d

@@ -4,14 +4,16 @@ Only process 0 writes (multi-host runs call these on every host; the others retu
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
-import tempfile
 from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
+
+from visim_jax import ops
 
 
 def is_writer() -> bool:
@@ -28,23 +30,12 @@ def _default(o):
   return str(o)
 
 
-def atomic_write_text(path: str, text: str) -> None:
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp-')
-  try:
-    with os.fdopen(fd, 'w') as f:
-      f.write(text)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+atomic_write_text = ops.atomic_write_text  # old name, kept until twoafc/histograms/search import ops
 
 
 def write_json(path: str, obj: Any) -> None:
   if is_writer():
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_default, allow_nan=True) + '\n')
+    ops.atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_default, allow_nan=True) + '\n')
 
 
 def write_config(workdir: str, config) -> None:
@@ -52,19 +43,12 @@ def write_config(workdir: str, config) -> None:
 
 
 def save_figure(fig, path: str) -> None:
-  """Saves a matplotlib figure atomically (PNG) and closes it."""
+  """Saves a matplotlib figure atomically (PNG, process 0) and closes it."""
   import matplotlib.pyplot as plt
   if is_writer():
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp-', suffix='.png')
-    os.close(fd)
-    try:
-      fig.savefig(tmp, dpi=110, bbox_inches='tight')
-      os.replace(tmp, path)
-    finally:
-      if os.path.exists(tmp):
-        os.remove(tmp)
+    buf = io.BytesIO()
+    fig.savefig(buf, format='png', dpi=110, bbox_inches='tight')
+    ops.atomic_write_bytes(path, buf.getvalue())
   plt.close(fig)
 
 
@@ -81,10 +65,9 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
 
 
 class ScalarWriter:
-  """TensorBoard scalars under `logdir` with the clu writer interface (write_scalars / flush / close).
+  """TensorBoard scalars under `logdir` (tensorboardX event files; write_scalars / flush / close).
 
-  clu's TensorBoard writer needs TensorFlow (an optional extra here), so the event files are written with
-  tensorboardX; on processes other than 0 it writes nothing.
+  On processes other than 0 it writes nothing.
   """
 
   def __init__(self, logdir: str):

@@ -284,38 +284,9 @@ class Run:
   # ---------------------------------------------------------------- the loop
   def loop(self, tree, chunk_fn, start: int, end: int, every: int, save_every: int | None = None,
            total: int | None = None):
-    """Runs chunk_fn from step `start` to `end` in chunks ending on multiples of `every`; saves after each
-    chunk ending on a multiple of `save_every` (default: every chunk) and at `end`. Returns the tree.
-
-    `total` (default `end`) is the length of the progress bar, for runs made of several loops (phases).
-    """
-    from tqdm.auto import tqdm
-    save_every = save_every or every
-    step = start
-    if step >= end:
-      return tree
-    bar = tqdm(total=total or end, initial=step, desc=self.desc, unit='step', leave=True, dynamic_ncols=True,
-               disable=not (self.progress and report.is_writer()))
-    try:
-      while step < end:
-        n = min(every - step % every, end - step)
-        tree, scalars = chunk_fn(tree, step, n)
-        scalars = {k: np.asarray(v, np.float64) for k, v in scalars.items()}
-        for k, v in scalars.items():
-          if 'loss' in k and not np.isfinite(v).all():
-            raise FloatingPointError(f'training loss is NaN/Inf at steps {step + 1}..{step + n} '
-                                     '(try a smaller config.lr)')
-        self.scalars(step, n, scalars)
-        step += n
-        bar.update(n)
-        loss = [float(v.mean()) for k, v in scalars.items() if 'loss' in k]
-        if loss:
-          bar.set_postfix(loss=f'{loss[0]:.4f}')
-        if step % save_every == 0 or step == end:
-          self.save(step, tree)
-    finally:
-      bar.close()
-    return tree
+    """`loop` with this run's checkpoints, TensorBoard scalars and progress setting."""
+    return loop(tree, chunk_fn, start, end, every, save_every, total, run=self, progress=self.progress,
+                desc=self.desc)
 
   # ---------------------------------------------------------------- outputs
   def scalars(self, step0: int, n: int, scalars: Mapping[str, np.ndarray]) -> None:
@@ -344,6 +315,41 @@ class Run:
 
   def path(self, *parts: str) -> str:
     return os.path.join(self.workdir, *parts)
+
+
+def loop(tree, chunk_fn, start: int, end: int, every: int, save_every: int | None = None,
+         total: int | None = None, run: Run | None = None, progress: bool = True, desc: str = 'train'):
+  """Runs chunk_fn from step `start` to `end` in chunks ending on multiples of `every`; with a `run`, writes
+  the chunk's scalars and saves after each chunk ending on a multiple of `save_every` (default: every chunk)
+  and at `end`. Returns the tree. `total` (default `end`) is the progress bar's length (runs in phases).
+  """
+  from tqdm.auto import tqdm
+  save_every = save_every or every
+  step = start
+  if step >= end:
+    return tree
+  bar = tqdm(total=total or end, initial=step, desc=desc, unit='step', dynamic_ncols=True,
+             disable=not (progress and report.is_writer()))
+  try:
+    while step < end:
+      n = min(every - step % every, end - step)
+      tree, scalars = chunk_fn(tree, step, n)
+      scalars = {k: np.asarray(v, np.float64) for k, v in scalars.items()}
+      loss = [v for k, v in scalars.items() if 'loss' in k]
+      if any(not np.isfinite(v).all() for v in loss):
+        raise FloatingPointError(f'training loss is NaN/Inf at steps {step + 1}..{step + n} '
+                                 '(try a smaller config.lr)')
+      if run is not None:
+        run.scalars(step, n, scalars)
+      step += n
+      bar.update(n)
+      if loss:
+        bar.set_postfix(loss=f'{float(loss[0].mean()):.4f}')
+      if run is not None and (step % save_every == 0 or step == end):
+        run.save(step, tree)
+  finally:
+    bar.close()
+  return tree
 
 
 def _steps_on_disk(ckpt_dir: str) -> list[int]:

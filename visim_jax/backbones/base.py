@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
+from visim_jax.errors import UserError
 from visim_jax.preprocess import Preprocess
 
 Stages = Mapping[str, jax.Array]
@@ -48,6 +49,16 @@ class Backbone:
     x = jnp.zeros((1, self.preprocess.size, self.preprocess.size, 3), jnp.uint8)
     _, stages = jax.eval_shape(self.__call__, x)
     return tuple(stages)
+
+  def layer_dims(self, layers: Sequence[str] | None = None) -> dict[str, int]:
+    """{stage: channels} of the pooled `layers` (default: self.layers), by shape inference (no compute)."""
+    layers = tuple(layers or self.layers)
+    x = jax.ShapeDtypeStruct((1, self.preprocess.size, self.preprocess.size, 3), jnp.uint8)
+    _, stages = jax.eval_shape(self.__call__, x)
+    missing = [l for l in layers if l not in stages]
+    if missing:
+      raise UserError(f'config.layers: {missing} not among the {self.name} stages {sorted(stages)}')
+    return {l: int(stages[l].shape[-1]) for l in layers}
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

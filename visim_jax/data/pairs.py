@@ -14,6 +14,7 @@ import numpy as np
 
 from visim_jax.data import npz
 from visim_jax.data.images import IMAGE_EXTENSIONS
+from visim_jax.errors import UserError
 
 
 @dataclasses.dataclass
@@ -36,7 +37,7 @@ def read_subset(path: str) -> list[str]:
   with open(path, newline='') as f:
     rows = [r for r in csv.reader(f) if r and any(c.strip() for c in r)]
   if not rows:
-    raise ValueError(f'{path}: empty subset list')
+    raise UserError(f'{path}: empty subset list')
   names = [r[-1].strip() for r in rows]
   first = names[0]
   if not os.path.splitext(first)[1].lower() in IMAGE_EXTENSIONS:  # a header such as ',TLL_obj'
@@ -47,7 +48,7 @@ def read_subset(path: str) -> list[str]:
       seen.add(n)
       out.append(n)
   if not out:
-    raise ValueError(f'{path}: no names in subset list')
+    raise UserError(f'{path}: no names in subset list')
   return out
 
 
@@ -67,12 +68,12 @@ def load_pairs(root: str, subset: str | None = None) -> Pairs:
   left = _listing(os.path.join(root, 'left'))
   right = _listing(os.path.join(root, 'right'))
   if not left:
-    raise ValueError(f'{os.path.join(root, "left")}: no images')
+    raise UserError(f'{os.path.join(root, "left")}: no images')
   stems_l = {}
   for n in left:  # duplicate names that differ only by extension are ambiguous
     stem = os.path.splitext(n)[0]
     if stem in stems_l:
-      raise ValueError(f'{root}/left: duplicate pair name {stem!r} ({stems_l[stem]} and {n})')
+      raise UserError(f'{root}/left: duplicate pair name {stem!r} ({stems_l[stem]} and {n})')
     stems_l[stem] = n
   if subset is not None:
     names = read_subset(subset)
@@ -85,9 +86,9 @@ def load_pairs(root: str, subset: str | None = None) -> Pairs:
     only_l = sorted(set(left) - set(right))
     only_r = sorted(set(right) - set(left))
     if only_l:
-      raise ValueError(f'{left[only_l[0]]}: left image without its right partner ({len(only_l)} such)')
+      raise UserError(f'{left[only_l[0]]}: left image without its right partner ({len(only_l)} such)')
     if only_r:
-      raise ValueError(f'{right[only_r[0]]}: right image without its left partner ({len(only_r)} such)')
+      raise UserError(f'{right[only_r[0]]}: right image without its left partner ({len(only_r)} such)')
     names = sorted(left)
   return Pairs(names=names, left=[left[n] for n in names], right=[right[n] for n in names])
 
@@ -111,17 +112,15 @@ def load_feature_pairs(path: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
 
 
 def check_feature_pairs(left, right, names, source='features') -> None:
+  """Shapes agree, names are unique, no side is degenerate (NaN/Inf, zero vectors, all rows equal)."""
   if left.ndim != 2 or right.ndim != 2:
-    raise ValueError(f'{source}: left and right must be 2-D (N, D); got {left.shape} and {right.shape}')
+    raise UserError(f'{source}: left and right must be 2-D (N, D); got {left.shape} and {right.shape}')
   if left.shape != right.shape:
-    raise ValueError(f'{source}: left {left.shape} and right {right.shape} shapes differ')
+    raise UserError(f'{source}: left {left.shape} and right {right.shape} shapes differ')
   if len(names) != len(left):
-    raise ValueError(f'{source}: {len(names)} names for {len(left)} pairs')
+    raise UserError(f'{source}: {len(names)} names for {len(left)} pairs')
   if len(set(names)) != len(names):
     dup = next(n for n in names if names.count(n) > 1)
-    raise ValueError(f'{source}: duplicate pair name {dup!r}')
+    raise UserError(f'{source}: duplicate pair name {dup!r}')
   for side, a in (('left', left), ('right', right)):
-    bad = ~np.isfinite(a).all(axis=1)
-    if bad.any():
-      raise ValueError(f'{source}: {side} features have NaN/Inf in {bad.sum()} row(s), '
-                       f'first {names[int(np.argmax(bad))]!r}')
+    npz.check_features(a, source, names, what=f'{side} features')

@@ -1,141 +1,60 @@
 """Histogram metrics of a representation (paper 003, Wu et al.): config -> labelled data -> features -> metrics.
 
-Data sources (config.dataset):
-  'demo'     : the embedded offline demo set (both sides of each pair are samples of its source photo, 18-19
-               classes) with a small built-in class tree (config.class_tree='demo');
-  'folder'   : config.data_dir with one sub-folder per class (visim_jax.data.classes.image_folder);
-  'tfds'     : config.tfds.name / split through tfds.data_source (NumPy; features cached like image files);
-  'features' : config.features, an .npz with `features` (N, D), `labels` (N,), optional `class_names`.
-Image features come from config.backbone via the feature cache. The math is visim_jax/metrics/histograms.py.
-
-Outputs in the workdir (schema in docs/histograms.md): config.json, metrics.json, classes.csv (one row per
-class), histograms.npz (the per-class count histograms), plots/class_histograms.png (paper Fig. 1: intra vs
-inter for chosen classes), plots/overlap_distribution.png (Fig. 5), and with a class tree: nodes.csv,
-levels.csv, plots/levels.png (Tables 1 and 8: overlap, maximal overlap and aSTD per level).
+Wiring only. Data: visim_jax.data.classes (demo | folder | tfds | features file); image features through
+visim_jax.features (cache, batching, sharding); math: visim_jax.metrics.{histograms, knn, tree}; figures:
+visim_jax.plots.histograms. Outputs (schema in docs/histograms.md): config.json, metrics.json, classes.csv,
+histograms.npz, plots/, and with a class tree nodes.csv + levels.csv (the paper's Tables 1 and 8 per level).
 """
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
-import json
 import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 from tqdm.auto import tqdm
 
 from visim_jax import features as features_lib
-from visim_jax import report
-from visim_jax.backbones import config as backbone_config
+from visim_jax import ops, report
 from visim_jax.data import classes as classes_lib
+from visim_jax.errors import UserError
 from visim_jax.metrics import histograms as H
+from visim_jax.metrics import knn as knn_lib
+from visim_jax.metrics import tree as tree_lib
 
 DATASETS = ('demo', 'folder', 'tfds', 'features')
-
-# A small tree over the demo set's source photos (skimage / sklearn names), so the offline default shows the
-# hierarchy outputs too. Nodes absent from a given demo build are ignored.
-DEMO_TREE = {
-    'photo': ['scene', 'texture', 'science'],
-    'scene': ['astronaut', 'chelsea', 'coffee', 'rocket', 'camera', 'motorcycle_left', 'china', 'flower'],
-    'texture': ['brick', 'grass', 'gravel', 'page', 'colorwheel'],
-    'science': ['microscopy', 'sky', 'coins'],
-    'microscopy': ['immunohistochemistry', 'retina', 'cell'],
-    'sky': ['hubble_deep_field', 'moon'],
-}
+SCALARS = ('overlap', 'max_overlap', 'max_class_overlap', 'astd_inter', 'astd_intra', 'class_mean_spread_inter',
+           'class_mean_spread_intra')
+NODE_KEYS = ('node', 'level', 'clusters', 'samples') + SCALARS
 
 
-def validate_config(config) -> None:
-  def get(field):
-    v = config
-    for part in field.split('.'):
-      v = v.get(part)
-    return v
-
+def validate_config(config) -> H.Options:
   def need(cond, field, msg):
     if not cond:
-      raise ValueError(f'config.{field}: {msg} (got {get(field)!r})')
-  need(config.dataset in DATASETS, 'dataset', f'one of {DATASETS}')
+      raise UserError(f'config.{field}: {msg}')
+  need(config.dataset in DATASETS, 'dataset', f'one of {DATASETS}, got {config.dataset!r}')
   need(config.normalization in H.NORMALIZATIONS, 'normalization', f'one of {H.NORMALIZATIONS}')
-  if config.normalization == 'source':
-    need(bool(config.source_stats), 'source_stats', "an .npz with `mean` and `std` is required for normalization='source'")
-  need(config.pairs.mode in H.PAIR_MODES, 'pairs.mode', f'one of {H.PAIR_MODES}')
-  need(config.pairs.n_intra >= 1 and config.pairs.n_inter >= 1, 'pairs.n_intra', 'pair counts must be >= 1')
-  need(config.pairs.chunk_elems >= 0, 'pairs.chunk_elems', 'must be >= 0 (0: automatic)')
-  need(config.bins >= 2, 'bins', 'must be >= 2')
+  need(config.normalization != 'source' or config.source_stats, 'source_stats',
+       "an .npz with `mean` and `std` is required for normalization='source'")
   need(config.knn.k >= 0 and config.knn.queries >= 0, 'knn.k', 'k and queries must be >= 0')
-  need(config.image_batch_size >= 1, 'image_batch_size', 'must be >= 1')
-  need(config.dtype in ('float32', 'bfloat16'), 'dtype', "'float32' or 'bfloat16'")
   need(config.tree_min_children >= 2, 'tree_min_children', 'must be >= 2')
-  if config.dataset == 'folder':
-    need(bool(config.data_dir), 'data_dir', 'a folder with one sub-folder per class is required for dataset=folder')
-  if config.dataset == 'features':
-    need(bool(config.features), 'features', 'an .npz path is required for dataset=features')
-  if config.dataset == 'tfds':
-    need(bool(config.tfds.name), 'tfds.name', 'a TFDS dataset name is required for dataset=tfds')
-  if config.class_tree == 'demo':
-    need(config.dataset == 'demo', 'class_tree', "'demo' (the built-in tree) only goes with dataset=demo")
-  if config.class_tree and config.class_tree != 'demo' and not os.path.exists(config.class_tree):
-    raise FileNotFoundError(f'config.class_tree: {config.class_tree}: class tree file not found')
-
-
-def options(config) -> H.Options:
-  return H.Options(n_intra=config.pairs.n_intra, n_inter=config.pairs.n_inter, mode=config.pairs.mode,
-                   exhaustive_max=config.pairs.exhaustive_max, seed=config.seed, bins=config.bins,
-                   chunk_elems=config.pairs.chunk_elems, knn_k=config.knn.k, knn_queries=config.knn.queries)
-
-
-# ------------------------------------------------------------------------------------------------ data
-
-def _backbone(config):
-  return backbone_config.build(config)
-
-
-
-
-def tfds_features(config, progress: bool = True):
-  """(features, labels, class names, description) of a TFDS split, through an .npz cache like image files."""
-  t = config.tfds
-  source, names = classes_lib.tfds_source(t.name, t.split, t.data_dir or None, t.label_key)
-  n = len(source) if not t.max_examples else min(len(source), t.max_examples)
-  if n < 2:
-    raise ValueError(f'config.tfds: {t.name}/{t.split} has {n} example(s)')
-  backbone, layers = _backbone(config)
-  manifest = {'version': features_lib.CACHE_VERSION, 'source': 'tfds', 'name': t.name, 'split': t.split,
-              'data_dir': os.path.abspath(t.data_dir) if t.data_dir else '', 'num_examples': n,
-              'backbone': backbone.name, 'weights_sha256': backbone.weights_id, 'layers': list(layers),
-              'preprocessing': backbone.preprocess.describe(), 'dtype': config.dtype,
-              'image_key': t.image_key, 'label_key': t.label_key}
-  path = features_lib.cache_path(backbone_config.cache_dir(config), f'tfds-{t.name.replace("/", "_")}-{t.split}', manifest)
-  desc = {'tfds': t.name, 'split': t.split, 'backbone': backbone.name, 'layers': list(layers), 'cache': path}
-  hit = features_lib.read_cache(path, manifest)
-  if hit is not None:
-    with np.load(path, allow_pickle=False) as z:
-      if 'labels' in z.files and len(z['labels']) == len(hit[0]):
-        logging.info('feature cache hit: %s', path)
-        return hit[0], np.asarray(z['labels'], np.int64), names, desc
-  fn = features_lib.make_extract_fn(backbone, layers, jnp.dtype(config.dtype))
-  bs = config.image_batch_size
-  feats, labels = [], []
-  bar = tqdm(total=n, desc=f'{t.name} features', unit='img', disable=not progress)
-  for imgs, labs in classes_lib.tfds_batches(source, backbone.preprocess, bs, range(n), t.image_key, t.label_key):
-    m = len(imgs)
-    if m < bs:  # one batch shape: one compilation
-      imgs = np.concatenate([imgs, np.zeros((bs - m,) + imgs.shape[1:], imgs.dtype)])
-    feats.append(np.asarray(fn(backbone.variables, imgs))[:m])
-    labels.append(labs)
-    bar.update(m)
-  bar.close()
-  feats, labels = np.concatenate(feats), np.concatenate(labels)
-  if not np.isfinite(feats).all():
-    raise FloatingPointError(f'{backbone.name}: non-finite features for {t.name}/{t.split}; nothing cached')
-  stored = dict(manifest, features_sha256=hashlib.sha256(np.ascontiguousarray(feats).tobytes()).hexdigest())
-  features_lib.save_npz_atomic(path, features=feats, names=np.asarray([str(i) for i in range(n)]), labels=labels,
-                               manifest=np.asarray(json.dumps(stored, sort_keys=True)))
-  return feats, labels, names, desc
+  need(config.dataset != 'folder' or config.data_dir, 'data_dir', 'a folder of class sub-folders is required')
+  need(config.dataset != 'features' or config.features, 'features', 'an .npz path is required for dataset=features')
+  need(config.dataset != 'tfds' or config.tfds.name, 'tfds.name', 'a TFDS dataset name is required for dataset=tfds')
+  need(config.class_tree != 'demo' or config.dataset == 'demo', 'class_tree',
+       "'demo' (the built-in tree) only goes with dataset=demo; set '' or a tree file")
+  need(config.class_tree in ('', 'demo') or os.path.exists(config.class_tree), 'class_tree',
+       f'{config.class_tree}: class tree file not found')
+  p = config.pairs
+  opts = H.Options(mode=p.mode, n_intra=p.n_intra, n_inter=p.n_inter, exhaustive_max=p.exhaustive_max,
+                   max_seconds=p.max_seconds, tile=p.tile, chunk_elems=p.chunk_elems, seed=config.seed,
+                   bins=config.bins, min_class_size=config.min_class_size, se_replicates=config.se_replicates,
+                   pairwise_max_classes=config.pairwise_max_classes)
+  opts.validate()
+  return opts
 
 
 def load_data(config, progress: bool = True):
@@ -143,103 +62,59 @@ def load_data(config, progress: bool = True):
   if config.dataset == 'features':
     feats, labels, names = classes_lib.load_feature_file(config.features)
     return feats, labels, names, {'features': os.path.abspath(config.features)}
+  backbone, layers = features_lib.build(config)
+  desc = features_lib.describe(backbone, layers)
   if config.dataset == 'tfds':
-    return tfds_features(config, progress)
+    t = config.tfds
+    data = classes_lib.TfdsImages(t.name, t.split, t.data_dir or None, t.image_key, t.label_key, t.max_examples)
+    feats = features_lib.features_of(config, backbone, layers, data.items, tag=data.tag, progress=progress,
+                                     loader=data.load_batch, source_id=data.source_id)
+    return feats, data.labels(features_lib.cache_dir(config)), data.class_names, dict(desc, **data.source_id)
   if config.dataset == 'demo':
-    data = classes_lib.demo_labelled(config.demo.root or None, config.demo.n_pairs, config.demo.seed)
-    tag = 'demo-classes'
+    data, tag = classes_lib.demo_labelled(config.demo.root or None, config.demo.n_pairs, config.demo.seed), 'demo-classes'
   else:
     data = classes_lib.image_folder(config.data_dir)
     tag = 'classes-' + os.path.basename(os.path.normpath(config.data_dir))
-  backbone, layers = _backbone(config)
-  feats = features_lib.cached_features(backbone, data.paths, backbone_config.cache_dir(config), layers=layers, tag=tag,
-                                       batch_size=config.image_batch_size, dtype=config.dtype, progress=progress)
-  desc = {'images': len(data.paths), 'backbone': backbone.name, 'weights_sha256': backbone.weights_id,
-          'layers': list(layers), 'empty_class_folders': data.empty_classes,
-          'root': os.path.abspath(config.data_dir) if config.dataset == 'folder' else os.path.dirname(data.paths[0])}
-  return feats, data.labels, data.class_names, desc
+  feats = features_lib.features_of(config, backbone, layers, data.paths, tag=tag, progress=progress)
+  root = os.path.abspath(config.data_dir) if config.dataset == 'folder' else os.path.dirname(data.paths[0])
+  return feats, data.labels, data.class_names, dict(desc, images=len(data.paths), root=root,
+                                                    empty_class_folders=data.empty_classes)
 
 
 def load_source_stats(path: str, dim: int):
-  if not os.path.exists(path):
-    raise FileNotFoundError(f'config.source_stats: {path}: file not found')
-  with np.load(path, allow_pickle=False) as z:
-    if 'mean' not in z.files or 'std' not in z.files:
-      raise ValueError(f'config.source_stats: {path}: needs arrays `mean` and `std` (has {z.files})')
-    mean, std = np.asarray(z['mean'], np.float32), np.asarray(z['std'], np.float32)
+  from visim_jax.data import npz
+  z = npz.read_arrays(path, ('mean', 'std'))
+  mean, std = np.asarray(z['mean'], np.float32), np.asarray(z['std'], np.float32)
   if mean.shape != (dim,) or std.shape != (dim,):
-    raise ValueError(f'config.source_stats: {path}: mean/std shapes {mean.shape}/{std.shape}, features have dim {dim}')
+    raise UserError(f'config.source_stats: {path}: mean/std shapes {mean.shape}/{std.shape}, features have dim {dim}')
   return mean, std
 
 
-def load_tree(config):
-  if not config.class_tree:
-    return None
-  if config.class_tree == 'demo':
-    return DEMO_TREE
-  return classes_lib.read_class_tree(config.class_tree)
+def scalars(m: dict) -> dict:
+  return {k: (float(m[k]) if np.isfinite(m[k]) else None) for k in SCALARS}
 
 
-# ---------------------------------------------------------------------------------------------- plots
-
-def plot_class_histograms(m: dict, names, chosen, path: str, bins: int) -> None:
-  """Paper Fig. 1 (step 3): intra (red) and inter (green) similarity distributions of chosen classes."""
-  import matplotlib
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
-  centers = H.bin_centers(bins)
-  width = 2.0 / bins
-  cols = min(3, len(chosen))
-  rows = -(-len(chosen) // cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
-  for ax, c in zip(axes.ravel(), chosen):
-    p_in = np.asarray(H.to_probabilities(m['hist_intra'][c]))
-    p_out = np.asarray(H.to_probabilities(m['hist_inter'][c]))
-    ax.bar(centers, p_in, width, color='tab:red', alpha=0.5, label='intra (same class)')
-    ax.bar(centers, p_out, width, color='tab:green', alpha=0.5, label='inter (other classes)')
-    ax.fill_between(centers, np.minimum(p_in, p_out), step='mid', color='k', alpha=0.25, label='overlap')
-    ax.set_title(f'{names[c]}: O={m["class_overlap"][c]:.3f}', fontsize=9)
-    ax.set_xlim(-1, 1)
-    ax.set_xlabel('cosine similarity', fontsize=8)
-  for ax in axes.ravel()[len(chosen):]:
-    ax.axis('off')
-  axes[0, 0].legend(fontsize=7)
-  fig.suptitle(f'intra vs inter similarity distributions (overlap {float(m["overlap"]):.3f})', fontsize=10, y=1.02)
-  report.save_figure(fig, path)
-
-
-def plot_overlap_distribution(m: dict, path: str) -> None:
-  """Paper Fig. 5: histogram of the per-class overlaps."""
-  import matplotlib
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
-  ov = m['class_overlap'][m['valid']]
-  fig, ax = plt.subplots(figsize=(5.5, 3.5))
-  ax.hist(ov, bins=np.linspace(0, 1, 41), color='tab:blue', alpha=0.8)
-  ax.axvline(float(m['overlap']), color='k', ls='--', label=f'mean {float(m["overlap"]):.3f}')
-  ax.axvline(float(m['max_overlap']), color='tab:red', ls=':', label=f'max {float(m["max_overlap"]):.3f}')
-  ax.set_xlabel('per-class overlap')
-  ax.set_ylabel('classes')
-  ax.set_xlim(0, 1)
-  ax.legend(fontsize=8)
-  ax.set_title(f'overlap of {len(ov)} classes')
-  report.save_figure(fig, path)
-
-
-def plot_levels(level_rows, path: str) -> None:
-  import matplotlib
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
-  lv = [r['level'] for r in level_rows]
-  fig, ax = plt.subplots(figsize=(6, 3.5))
-  for key, style in (('overlap', 'o-'), ('max_overlap', 's--'), ('astd_inter', '^-'), ('astd_intra', 'v:')):
-    ax.plot(lv, [r[key] for r in level_rows], style, label=key)
-  ax.set_xlabel('node level (0 = root)')
-  ax.set_xticks(lv)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  ax.set_title('per-level means over tree nodes')
-  report.save_figure(fig, path)
+def evaluate_tree(x, tree, names, labels, opts, estimator, min_children, progress=True):
+  """Per-node rows and per-level rows (means over the level's nodes) of the hierarchy (no standard errors)."""
+  node_opts = H.Options(**{**opts.__dict__, 'min_class_size': 2})  # classes were filtered once, globally
+  rows, skipped = [], 0
+  try:
+    nodes = list(tree_lib.node_clusters(tree, names, labels, min_children))
+  except ValueError as e:
+    raise UserError(f'config.class_tree: {e}') from e
+  for node, level, kids, cl in tqdm(nodes, desc='tree nodes', unit='node', disable=not progress):
+    try:
+      m = H.evaluate(x, cl, len(kids), node_opts, estimator=estimator, replicates=0)
+    except H.TooFewClasses:
+      skipped += 1
+      continue
+    rows.append({'node': node, 'level': level, 'clusters': int(m['valid'].sum()), 'samples': int((cl >= 0).sum()),
+                 **scalars(m)})
+  mean = lambda rs, k: (float(np.mean([r[k] for r in rs if r[k] is not None]))
+                        if any(r[k] is not None for r in rs) else None)
+  levels = [{'level': lv, 'nodes': len(rs), **{k: mean(rs, k) for k in SCALARS}}
+            for lv in sorted({r['level'] for r in rows}) for rs in [[r for r in rows if r['level'] == lv]]]
+  return rows, levels, skipped, {f'{k}_avg': mean(rows, k) for k in SCALARS}
 
 
 def _csv(rows, header) -> str:
@@ -247,168 +122,142 @@ def _csv(rows, header) -> str:
   w = csv.writer(buf)
   w.writerow(header)
   for r in rows:
-    w.writerow(['' if (isinstance(v, float) and np.isnan(v)) else (f'{v:.6f}' if isinstance(v, float) else v)
-                for v in r])
+    w.writerow(['' if v is None or (isinstance(v, float) and np.isnan(v)) else
+                (f'{v:.6f}' if isinstance(v, float) else v) for v in r])
   return buf.getvalue()
 
-
-# ------------------------------------------------------------------------------------------ the program
 
 def choose_plot_classes(config, m, names) -> list[int]:
   if config.plot_classes:
     wanted = [c.strip() for c in config.plot_classes.split(',') if c.strip()]
     unknown = [c for c in wanted if c not in names]
     if unknown:
-      raise ValueError(f'config.plot_classes: unknown class(es) {unknown}')
+      raise UserError(f'config.plot_classes: unknown class(es) {unknown}')
     return [names.index(c) for c in wanted]
-  valid = np.flatnonzero(m['valid'])
-  order = valid[np.argsort(m['class_overlap'][valid], kind='stable')]
-  picks = [order[0], order[len(order) // 2], order[-1]] if len(order) >= 3 else list(order)
-  return list(dict.fromkeys(int(p) for p in picks))
-
-
-def evaluate_tree(x, tree, names, labels, opts, min_children, progress=True):
-  """Per node rows and per level rows (means over nodes) of the hierarchy."""
-  node_opts = H.Options(**{**opts.__dict__, 'knn_k': 0})
-  rows, skipped = [], 0
-  nodes = list(H.node_clusters(tree, names, labels, min_children))
-  for node, level, kids, cl in tqdm(nodes, desc='tree nodes', unit='node', disable=not progress):
-    try:
-      m = H.evaluate(x, cl, len(kids), node_opts)
-    except ValueError:  # fewer than 2 children with 2+ samples
-      skipped += 1
-      continue
-    rows.append({'node': node, 'level': level, 'clusters': int(m['valid'].sum()), 'samples': int((cl >= 0).sum()),
-                 'overlap': float(m['overlap']), 'max_overlap': float(m['max_overlap']),
-                 'astd_inter': float(m['astd_inter']), 'astd_intra': float(m['astd_intra'])})
-  levels = []
-  for lv in sorted({r['level'] for r in rows}):
-    rs = [r for r in rows if r['level'] == lv]
-    levels.append({'level': lv, 'nodes': len(rs), **{k: float(np.mean([r[k] for r in rs]))
-                                                     for k in ('overlap', 'max_overlap', 'astd_inter', 'astd_intra')}})
-  return rows, levels, skipped
+  order = np.flatnonzero(m['valid'])[np.argsort(m['class_overlap'][m['valid']], kind='stable')]
+  return list(dict.fromkeys(int(p) for p in ([order[0], order[len(order) // 2], order[-1]] if len(order) >= 3
+                                             else order)))
 
 
 def run(config, workdir: str, progress: bool = True) -> dict:
-  validate_config(config)
-  opts = options(config)
-  opts.validate()
-  tree = load_tree(config)  # bad tree files fail before any feature extraction
+  opts = validate_config(config)
+  tree = None
+  if config.class_tree:
+    tree = classes_lib.DEMO_TREE if config.class_tree == 'demo' else classes_lib.read_class_tree(config.class_tree)
 
   t0 = time.time()
   feats, labels, names, desc = load_data(config, progress)
   source = config.features if config.dataset == 'features' else f'{config.dataset} features'
   feats, labels = H.check_inputs(feats, labels, source)
   if len(labels) and labels.max() >= len(names):
-    raise ValueError(f'{source}: label {int(labels.max())} but only {len(names)} class names')
+    raise UserError(f'{source}: label {int(labels.max())} but only {len(names)} class names')
   num_classes = len(names)
-  mean = std = None
-  if config.normalization == 'source':
-    mean, std = load_source_stats(config.source_stats, feats.shape[1])
-  t_feat = time.time() - t0
+  mean_std = load_source_stats(config.source_stats, feats.shape[1]) if config.normalization == 'source' else (None,) * 2
+  t_feat, t0 = time.time() - t0, time.time()
 
-  t0 = time.time()
-  x = H.prepare(jnp.asarray(feats), config.normalization, mean, std)
+  x = H.prepare(jnp.asarray(feats), config.normalization, *mean_std)
   if config.shard and jax.device_count() > 1:
     from jax.sharding import Mesh
     x = H.shard_samples(x, Mesh(np.array(jax.devices()), ('data',)))
-  m = H.evaluate(x, labels, num_classes, opts)
-  jax.block_until_ready(m['overlap'])
-  t_metrics = time.time() - t0
-  chosen = choose_plot_classes(config, m, names) if config.plots else []
+  kept_labels, _, _ = H.keep_classes(labels, num_classes, opts.min_class_size)
+  nodes = list(tree_lib.node_clusters(tree, names, kept_labels, config.tree_min_children)) if tree else []
+  n_kept = int((kept_labels >= 0).sum())
+  extra = sum(int((cl >= 0).sum()) ** 2 // 2 for *_, cl in nodes)  # the tree's pairs: one estimator for all
+  estimator = H.choose_estimator(n_kept, feats.shape[1], num_classes, opts, extra_pairs=extra)
+  try:
+    m = H.evaluate(x, labels, num_classes, opts, estimator=estimator)
+  except H.TooFewClasses as e:
+    raise UserError(f'{source}: {e} (config.min_class_size={opts.min_class_size})') from e
+  if config.knn.k:
+    k = min(config.knn.k, n_kept - 1)
+    acc, knn_pc = knn_lib.knn_accuracy(x, kept_labels, num_classes, k, config.knn.queries, config.seed)
+  else:
+    k, acc, knn_pc = 0, None, np.full(num_classes, np.nan)
+  t_metrics, t0 = time.time() - t0, time.time()
 
-  t0 = time.time()
-  node_rows, level_rows, skipped_nodes = [], [], 0
+  node_rows, level_rows, skipped_nodes, tree_avg = [], [], 0, {}
   if tree is not None:
-    node_rows, level_rows, skipped_nodes = evaluate_tree(x, tree, names, labels, opts, config.tree_min_children,
-                                                         progress)
+    node_rows, level_rows, skipped_nodes, tree_avg = evaluate_tree(x, tree, names, kept_labels, opts, estimator,
+                                                                   config.tree_min_children, progress)
     if not node_rows:
-      raise ValueError(f'config.class_tree: no node of the tree has {config.tree_min_children}+ children with '
-                       'samples (do the tree names match the class names?)')
+      raise UserError(f'config.class_tree: no node has {config.tree_min_children}+ children holding samples '
+                      '(do the tree names match the class names? see config.tree_min_children)')
   t_tree = time.time() - t0
 
   valid = m['valid']
-  kept_names = [names[c] for c in np.flatnonzero(valid)]
-  skipped_names = [names[c] for c in range(num_classes) if m['class_counts'][c] > 0 and not valid[c]]
   order = np.flatnonzero(valid)[np.argsort(m['class_overlap'][valid], kind='stable')]
-  summary = {
-      'overlap': float(m['overlap']), 'max_overlap': float(m['max_overlap']),
-      'astd_inter': float(m['astd_inter']), 'astd_intra': float(m['astd_intra']),
-      'pooled_std_inter': float(m['pooled_std_inter']), 'pooled_std_intra': float(m['pooled_std_intra']),
-      'knn_accuracy': float(m['knn_accuracy']) if 'knn_accuracy' in m else None,
-  }
+  pair = m.get('max_overlap_pair') if m['pairwise'] else None
   metrics = {
       'experiment': 'histograms',
       'paper': 'Wu et al., Beyond Accuracy (overlap Eq. 3, aSTD Eq. 4, maximal overlap Sec. 9.2)',
       'data': {'dataset': config.dataset, **desc, 'samples': int(len(labels)), 'dim': int(feats.shape[1]),
-               'classes': num_classes, 'evaluated_classes': len(kept_names),
-               'skipped_classes': int(m['skipped_classes']),
-               'skipped_class_names': skipped_names[:50],
+               'classes': num_classes, 'evaluated_classes': int(valid.sum()), 'min_class_size': opts.min_class_size,
+               'omitted_classes': int(m['omitted_classes']),
+               'omitted_class_names': [names[c] for c in range(num_classes)
+                                       if m['class_counts'][c] > 0 and not valid[c]][:50],
                'empty_classes': int((m['class_counts'] == 0).sum())},
       'normalization': config.normalization, 'bins': config.bins,
-      'pairs': {'intra_mode': m['intra_mode'], 'intra_pairs': m['intra_pairs'],
-                'inter_mode': m['inter_mode'], 'inter_pairs': m['inter_pairs'],
-                'n_intra_per_class': config.pairs.n_intra, 'n_inter_per_class': config.pairs.n_inter,
-                'seed': config.seed},
-      'knn_k': int(m.get('knn_k', 0)), 'knn_queries': config.knn.queries,
-      'metrics': summary,
+      'estimator': {'name': estimator, 'pairs_mode': config.pairs.mode, 'intra_pairs': m['intra_pairs'],
+                    'inter_pairs': m['inter_pairs'], 'seed': config.seed, 'se_method': m['se_method'],
+                    **({'n_intra_per_class': opts.n_intra, 'n_inter_per_class': opts.n_inter}
+                       if estimator == 'random' else {})},
+      'metrics': {**scalars(m), 'knn_accuracy': acc},
+      'standard_errors': m['se'],
+      'max_overlap_pair': [names[pair[0]], names[pair[1]]] if pair else None,
+      'pairwise_min_pairs': m.get('pairwise_min_pairs') if pair else None,
+      'knn_k': k, 'knn_queries': config.knn.queries,
       'hardest_classes': [{'class': names[c], 'overlap': float(m['class_overlap'][c])} for c in order[::-1][:10]],
       'easiest_classes': [{'class': names[c], 'overlap': float(m['class_overlap'][c])} for c in order[:10]],
       'timing_s': {'features': round(t_feat, 3), 'metrics': round(t_metrics, 3), 'tree': round(t_tree, 3)},
       'devices': [str(d) for d in jax.devices()],
   }
   if tree is not None:
-    metrics['hierarchy'] = {'tree': config.class_tree, 'nodes': len(node_rows), 'skipped_nodes': skipped_nodes,
-                            'levels': level_rows,
-                            'overlap_avg': float(np.mean([r['overlap'] for r in node_rows])),
-                            'max_overlap_avg': float(np.mean([r['max_overlap'] for r in node_rows])),
-                            'astd_inter_avg': float(np.mean([r['astd_inter'] for r in node_rows]))}
+    metrics['hierarchy'] = {'tree': config.class_tree, 'min_children': config.tree_min_children,
+                            'nodes': len(node_rows), 'skipped_nodes': skipped_nodes, 'levels': level_rows, **tree_avg}
+  chosen = choose_plot_classes(config, m, names) if config.plots else []
 
   # ---- write (everything above has succeeded)
   os.makedirs(workdir, exist_ok=True)
   report.write_config(workdir, config)
-  class_rows = []
-  knn_pc = m.get('class_knn_accuracy', np.full(num_classes, np.nan))
-  for c in range(num_classes):
-    ok = bool(valid[c])
-    class_rows.append([c, names[c], int(m['class_counts'][c]), int(ok),
-                       float(m['class_overlap'][c]) if ok else float('nan'),
-                       float(m['class_mean_intra'][c]) if ok else float('nan'),
-                       float(m['class_std_intra'][c]) if ok else float('nan'),
-                       float(m['class_mean_inter'][c]) if ok else float('nan'),
-                       float(m['class_std_inter'][c]) if ok else float('nan'),
-                       int(m['hist_intra'][c].sum()), int(m['hist_inter'][c].sum()), float(knn_pc[c])])
+  nan = float('nan')
+  per_class = lambda key, c: float(m[key][c]) if valid[c] else nan
+  class_rows = [[c, names[c], int(m['class_counts'][c]), int(valid[c]), per_class('class_overlap', c),
+                 per_class('class_mean_intra', c), per_class('class_std_intra', c), per_class('class_mean_inter', c),
+                 per_class('class_std_inter', c), int(m['hist_intra'][c].sum()), int(m['hist_inter'][c].sum()),
+                 float(knn_pc[c])] for c in range(num_classes)]
   files = ['config.json', 'metrics.json', 'classes.csv', 'histograms.npz']
   if report.is_writer():
-    report.atomic_write_text(os.path.join(workdir, 'classes.csv'), _csv(class_rows, [
+    ops.atomic_write_text(os.path.join(workdir, 'classes.csv'), _csv(class_rows, [
         'label', 'class', 'samples', 'evaluated', 'overlap', 'mean_intra', 'std_intra', 'mean_inter',
         'std_inter', 'intra_pairs', 'inter_pairs', 'knn_accuracy']))
-    features_lib.save_npz_atomic(os.path.join(workdir, 'histograms.npz'), hist_intra=m['hist_intra'],
-                                 hist_inter=m['hist_inter'], class_names=np.asarray(names), valid=valid,
-                                 bin_edges=np.linspace(-1, 1, config.bins + 1).astype(np.float32))
+    ops.save_npz_atomic(os.path.join(workdir, 'histograms.npz'), hist_intra=m['hist_intra'],
+                        hist_inter=m['hist_inter'], class_names=np.asarray(names), valid=valid,
+                        bin_edges=np.linspace(-1, 1, config.bins + 1).astype(np.float32))
     if tree is not None:
-      keys = ['node', 'level', 'clusters', 'samples', 'overlap', 'max_overlap', 'astd_inter', 'astd_intra']
-      report.atomic_write_text(os.path.join(workdir, 'nodes.csv'), _csv([[r[k] for k in keys] for r in node_rows], keys))
-      lkeys = ['level', 'nodes', 'overlap', 'max_overlap', 'astd_inter', 'astd_intra']
-      report.atomic_write_text(os.path.join(workdir, 'levels.csv'),
-                               _csv([[r[k] for k in lkeys] for r in level_rows], lkeys))
+      ops.atomic_write_text(os.path.join(workdir, 'nodes.csv'),
+                            _csv([[r[k] for k in NODE_KEYS] for r in node_rows], NODE_KEYS))
+      lkeys = ('level', 'nodes') + SCALARS
+      ops.atomic_write_text(os.path.join(workdir, 'levels.csv'), _csv([[r[k] for k in lkeys] for r in level_rows], lkeys))
       files += ['nodes.csv', 'levels.csv']
   if config.plots:
-    plot_class_histograms(m, names, chosen, os.path.join(workdir, 'plots', 'class_histograms.png'), config.bins)
-    plot_overlap_distribution(m, os.path.join(workdir, 'plots', 'overlap_distribution.png'))
+    from visim_jax.plots import histograms as plots
+    plots.class_histograms(m, names, chosen, os.path.join(workdir, 'plots', 'class_histograms.png'), config.bins)
+    plots.overlap_distribution(m, os.path.join(workdir, 'plots', 'overlap_distribution.png'))
     files += ['plots/class_histograms.png', 'plots/overlap_distribution.png']
     if level_rows:
-      plot_levels(level_rows, os.path.join(workdir, 'plots', 'levels.png'))
+      plots.levels(level_rows, os.path.join(workdir, 'plots', 'levels.png'))
       files.append('plots/levels.png')
   metrics['files'] = files
   report.write_json(os.path.join(workdir, 'metrics.json'), metrics)
 
   if report.is_writer():
-    print(report.table([[k, v if v is not None else float('nan')] for k, v in summary.items()], ['metric', 'value']))
-    print(f'{len(kept_names)} classes evaluated, {metrics["data"]["skipped_classes"]} skipped (< 2 samples); '
-          f'pairs: intra {m["intra_pairs"]} ({m["intra_mode"]}), inter {m["inter_pairs"]} ({m["inter_mode"]})')
+    se = m['se']
+    print(report.table([[k, v if v is not None else nan, se.get(k) if se.get(k) is not None else nan]
+                        for k, v in metrics['metrics'].items()], ['metric', 'value', 'standard error']))
+    print(f'{int(valid.sum())} classes evaluated, {m["omitted_classes"]} omitted (< {opts.min_class_size} samples); '
+          f'estimator {estimator}: intra {m["intra_pairs"]} pairs, inter {m["inter_pairs"]}; se: {m["se_method"]}')
     if level_rows:
-      print(report.table([[r['level'], r['nodes'], r['overlap'], r['max_overlap'], r['astd_inter'], r['astd_intra']]
-                          for r in level_rows], ['level', 'nodes', 'overlap', 'max_overlap', 'aSTD inter', 'aSTD intra']))
+      print(report.table([[r['level'], r['nodes']] + [r[k] if r[k] is not None else nan for k in SCALARS[:5]]
+                          for r in level_rows], ['level', 'nodes', *SCALARS[:5]]))
     print(f'outputs in {os.path.abspath(workdir)}')
   return metrics

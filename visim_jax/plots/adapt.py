@@ -1,4 +1,4 @@
-"""Figures of the adaptation experiment: aR@k against k (paper Fig. 3), training curves, retrieval sheet (Fig. 4)."""
+"""Figures of the adaptation experiment (paper 001): aR@k against k (paper Fig. 3), training curves, retrieval sheet (Fig. 4)."""
 from __future__ import annotations
 
 import matplotlib
@@ -9,6 +9,7 @@ import numpy as np  # noqa: E402
 
 from visim_jax import adaptation, pca as pca_lib, report, train  # noqa: E402
 from visim_jax.data import images as images_lib  # noqa: E402
+from visim_jax.preprocess import Preprocess  # noqa: E402
 from visim_jax.metrics import retrieval  # noqa: E402
 
 
@@ -66,7 +67,7 @@ def retrieval_sheet(feats, out: dict, names, paths, path: str, n_queries: int = 
   adapted = np.asarray(retrieval.cosine_matrix(adaptation.adapt(w0, pca_lib.transform(p0, lt)),
                                                adaptation.adapt(w0, pca_lib.transform(p0, rt))))
   queries = np.linspace(0, len(test) - 1, min(n_queries, len(test))).astype(int)
-  pre = images_lib.Preprocess(size=thumb, resize='shorter_crop')
+  pre = Preprocess(size=thumb, resize='shorter_crop')
   cols = 2 + 2 * top
   fig, axes = plt.subplots(len(queries), cols, figsize=(cols * 1.1, len(queries) * 1.25))
   axes = np.atleast_2d(axes)
