@@ -44,3 +44,57 @@ def test_features_version_uses_cosine():
   x = rng.randn(6, 4)
   # scaling rows does not change cosine
   np.testing.assert_allclose(retrieval.asymmetric_recall_features(x, 3 * x + 0, [1]), [1.0])
+
+
+# ------------------------------------------------------------------ Oxford/Paris dataset folders (data/retrieval.py)
+
+def _fake_dataset(root, n_db=6, gnd_kind='revisited'):
+  """revisitop's layout: <root>/jpg/<name>.jpg + <root>/gnd_<name>.pkl (a fabricated ground truth)."""
+  import os
+  import pickle
+  from PIL import Image
+  os.makedirs(os.path.join(root, 'jpg'), exist_ok=True)
+  names = [f'img_{i:03d}' for i in range(n_db)] + ['q_000', 'q_001']
+  rng = np.random.RandomState(0)
+  for n in names:
+    Image.fromarray(rng.randint(0, 255, (48, 64, 3), np.uint8)).save(os.path.join(root, 'jpg', n + '.jpg'))
+  if gnd_kind == 'revisited':
+    gnd = [{'bbx': [2.0, 3.0, 40.0, 30.0], 'easy': [0, 1], 'hard': [2], 'junk': [5]},
+           {'bbx': [0.0, 0.0, 64.0, 48.0], 'easy': [3], 'hard': [], 'junk': []}]
+  else:
+    gnd = [{'bbx': [2.0, 3.0, 40.0, 30.0], 'ok': [0, 1, 2], 'junk': [5]},
+           {'bbx': [0.0, 0.0, 64.0, 48.0], 'ok': [3], 'junk': []}]
+  with open(os.path.join(root, f'gnd_{os.path.basename(root)}.pkl'), 'wb') as f:
+    pickle.dump({'imlist': names[:n_db], 'qimlist': names[n_db:], 'gnd': gnd}, f)  # read back by safe_pickle
+  return names
+
+
+def test_revisited_and_classic_pkl_folders(tmp_path):
+  from visim_jax.data import retrieval as data
+  names = _fake_dataset(str(tmp_path / 'rtoy5k'))
+  ds = data.load_retrieval_set(str(tmp_path / 'rtoy5k'))
+  assert ds.name == 'rtoy5k' and ds.protocol == 'revisited' and len(ds.image_paths) == 6
+  assert [p.rsplit('/', 1)[1] for p in ds.query_paths] == ['q_000.jpg', 'q_001.jpg']
+  assert ds.image_paths[4].endswith('jpg/' + names[4] + '.jpg')
+  np.testing.assert_allclose(ds.gt.bboxes[0], [2, 3, 40, 30])
+  _fake_dataset(str(tmp_path / 'toy5k'), gnd_kind='classic')            # cirtorch's gnd_oxford5k.pkl style
+  ds = data.load_retrieval_set(str(tmp_path / 'toy5k'))
+  assert ds.protocol == 'classic'
+  np.testing.assert_array_equal(ds.gt.gnd[0]['ok'], [0, 1, 2])
+
+
+def test_retrieval_folder_errors(tmp_path):
+  import os
+  import pytest
+  from visim_jax.data import retrieval as data
+  from visim_jax.errors import UserError
+  root = str(tmp_path / 'rtoy5k')
+  names = _fake_dataset(root)
+  os.remove(os.path.join(root, 'jpg', names[2] + '.jpg'))
+  with pytest.raises(UserError, match=r"gnd_rtoy5k.pkl: 1 database image\(s\) not found .*'img_002'"):
+    data.load_retrieval_set(root)
+  os.remove(os.path.join(root, 'gnd_rtoy5k.pkl'))
+  with pytest.raises(UserError, match='config.retrieval.roots: .*expected exactly one ground truth'):
+    data.load_retrieval_set(root)
+  with pytest.raises(FileNotFoundError, match='config.retrieval.roots'):
+    data.load_retrieval_set(str(tmp_path / 'missing'))

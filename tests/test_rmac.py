@@ -119,3 +119,53 @@ def test_extract_with_shape_buckets(tmp_path):
   assert d.shape == (5, 16) and np.allclose(np.linalg.norm(d, axis=1), 1, atol=1e-5)
   # query crops: bbox in the image's own pixels
   assert rmac.load_image(paths[3], 1024, bbox=(10, 20, 110, 70)).shape == (50, 100, 3)
+
+
+def _images(folder, sizes, seed=0):
+  folder.mkdir(parents=True, exist_ok=True)
+  rng = np.random.RandomState(seed)
+  out = []
+  for i, (w, h) in enumerate(sizes):
+    p = str(folder / f'im{i}.jpg')
+    Image.fromarray(rng.randint(0, 255, (h, w, 3), np.uint8)).save(p)
+    out.append(p)
+  return out
+
+
+def test_cache_and_whitening_sources(tmp_path, monkeypatch):
+  from visim_jax import features
+  from visim_jax.backbones import vgg
+  b = vgg.vgg16(tiny=True)
+  paths = _images(tmp_path / 'db', [(64, 48), (48, 64), (64, 48)])
+  white_dir = tmp_path / 'white'
+  _images(white_dir, [(64, 48)] * 3, seed=1)
+  cache = str(tmp_path / 'cache')
+  opts = rmac.Options(max_side=64, whiten_on=str(white_dir))
+  d1 = rmac.describe_images(b, paths, opts, cache, features.file_list_hash, batch_size=2, progress=False)
+  assert d1.shape == (3, 16) and np.allclose(np.linalg.norm(d1, axis=1), 1, atol=1e-5)
+  # cached: a second call extracts nothing
+  monkeypatch.setattr(rmac, 'extract_regions', lambda *a, **k: (_ for _ in ()).throw(AssertionError('recomputed')))
+  d2 = rmac.describe_images(b, paths, opts, cache, features.file_list_hash, batch_size=2, progress=False)
+  np.testing.assert_array_equal(d1, d2)
+  # the same whitening from a saved .npz (mean/components/scale) and from the raw region vectors
+  wr, _ = rmac.cached_regions(b, rmac.images_in(str(white_dir)), opts, cache,
+                              features.file_list_hash(rmac.images_in(str(white_dir))), tag='whiten', progress=False)
+  white = rmac.learn_whitening(wr)
+  rmac.save_whitening(str(tmp_path / 'w.npz'), white)
+  np.savez(tmp_path / 'r.npz', regions=wr)
+  for src in ('w.npz', 'r.npz'):
+    o = rmac.Options(max_side=64, whiten_on=str(tmp_path / src))
+    np.testing.assert_allclose(rmac.describe_images(b, paths, o, cache, features.file_list_hash, batch_size=2,
+                                                    progress=False), d1, rtol=1e-4, atol=1e-5)
+  # no whitening differs; a changed option misses the cache (and would recompute)
+  d0 = rmac.describe_images(b, paths, rmac.Options(max_side=64), cache, features.file_list_hash, progress=False)
+  assert not np.allclose(d0, d1)
+  with pytest.raises(AssertionError, match='recomputed'):
+    rmac.describe_images(b, paths, rmac.Options(max_side=64, levels=2), cache, features.file_list_hash,
+                         progress=False)
+  np.savez(tmp_path / 'few.npz', regions=np.ones((3, 16), np.float32))
+  from visim_jax.errors import UserError
+  with pytest.raises(UserError, match='config.rmac.whiten_on: .*at least as many vectors'):
+    rmac.load_whitening(b, rmac.Options(whiten_on=str(tmp_path / 'few.npz')), None, features.file_list_hash)
+  with pytest.raises(UserError, match='config.rmac.levels'):
+    rmac.Options(levels=0)

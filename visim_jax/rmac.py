@@ -18,18 +18,24 @@ Everything in the math section is pure and jitted; the region grid is computed f
 trace time, so one batch = maps of one shape, and a batch of any shape compiles once. `region_vectors_padded`
 returns a fixed R_max with a mask so images of different shapes can be stacked afterwards.
 
-Host side (`extract_regions`, `descriptors`): images keep their aspect ratio and are scaled down so that their
+Host side (`extract_regions`, `descriptors`, `describe_images`): images keep their aspect ratio and are scaled down so that their
 longer side is at most `max_side` (1024, the paper's "re-scaled up to 1024 pixels"; smaller images and query
 crops are not enlarged, as cirtorch's `imresize` and the authors' test.m, which feeds the crops as they are);
 images of the same resulting shape are batched together (shape buckets), so every bucket runs one jitted
-program. Region vectors (before whitening) are what gets cached: the whitening can then be learned on one set
-and applied to another without re-running the network.
+program. Region vectors (before whitening) are what gets cached (`cached_regions`: one .npz per image list x
+backbone x weights x options, with its manifest): the whitening can then be learned on one set and applied to
+another without re-running the network. `Options.whiten_on` names that set: an image folder, an .npz of region
+vectors (`regions`), or a learned whitening (`mean`, `components`, `scale`, as `save_whitening` writes).
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
+import hashlib
+import json
 import math
+import os
 from typing import Sequence
 
 import jax
@@ -37,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from visim_jax import ops, pca
+from visim_jax.errors import UserError
 
 OVERLAP = 0.4
 STEPS = (2, 3, 4, 5, 6, 7)     # candidate region counts along the long side at level 1
@@ -228,3 +235,120 @@ def descriptors(regions: np.ndarray, offsets: np.ndarray, white: pca.PCA | None 
   out = [np.asarray(aggregate(jnp.asarray(padded[i:i + chunk]), white, jnp.asarray(mask[i:i + chunk])))
          for i in range(0, len(padded), chunk)]
   return np.concatenate(out).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------- options, cache, whitening
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """How R-MAC descriptors are made (config.rmac.*)."""
+  layer: str = 'conv5_3'         # the backbone stage pooled (VGG16: conv5_3, Tolias; pool5: the SimNet authors')
+  levels: int = 3                # L
+  max_side: int = 1024           # images scaled so their longer side is at most this
+  upscale: bool = False          # also enlarge smaller images to max_side
+  include_global: bool = False   # add the whole-map MAC as a region (cirtorch)
+  whiten_on: str = ''            # '' (none) | .npz (regions (M, C) or mean/components[/scale]) | an image folder
+  whiten_dim: int = 0            # 0: as many as channels
+
+  def __post_init__(self):
+    if self.levels < 1:
+      raise UserError(f'config.rmac.levels: must be >= 1, got {self.levels}')
+    if self.max_side < 32:
+      raise UserError(f'config.rmac.max_side: must be >= 32, got {self.max_side}')
+    if self.whiten_dim < 0:
+      raise UserError(f'config.rmac.whiten_dim: must be >= 0, got {self.whiten_dim}')
+
+  def describe(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def regions_manifest(backbone, opts: Options, dtype: str, file_key: str, bboxes=None) -> dict:
+  """What cached region vectors depend on (JSON-normalised)."""
+  return json.loads(json.dumps({
+      'version': 1, 'kind': 'rmac_regions', 'backbone': backbone.name, 'weights_sha256': backbone.weights_id,
+      'layer': opts.layer, 'levels': opts.levels, 'max_side': opts.max_side, 'upscale': opts.upscale,
+      'include_global': opts.include_global, 'mean': list(backbone.preprocess.mean),
+      'std': list(backbone.preprocess.std), 'dtype': str(dtype), 'file_list_sha256': file_key,
+      'bboxes_sha256': None if bboxes is None else
+      hashlib.sha256(np.ascontiguousarray(np.asarray(bboxes, np.float64)).tobytes()).hexdigest()}))
+
+
+def cached_regions(backbone, paths: Sequence[str], opts: Options, cache_dir: str | None, file_key: str,
+                   bboxes=None, tag: str = 'images', batch_size: int = 8, dtype: str = 'float32',
+                   progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+  """`extract_regions` behind a cache file `<cache_dir>/rmac-<tag>-<backbone>-<key>.npz` (regions, offsets,
+  manifest); reused when the manifest matches, rebuilt when it differs or the file is unreadable."""
+  manifest = regions_manifest(backbone, opts, dtype, file_key, bboxes)
+  path = None
+  if cache_dir:
+    key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
+    path = os.path.join(cache_dir, f'rmac-{tag}-{backbone.name}-{key}.npz')
+    try:
+      with np.load(path, allow_pickle=False) as z:
+        if json.loads(str(z['manifest'])) == manifest and len(z['offsets']) == len(paths) + 1:
+          return z['regions'], z['offsets']
+    except Exception:  # absent, truncated, stale: rebuild  # pylint: disable=broad-except
+      pass
+  regions, offsets = extract_regions(backbone, paths, bboxes, opts.layer, opts.levels, opts.max_side, batch_size,
+                                     opts.include_global, dtype, opts.upscale, progress, desc=f'R-MAC {tag}')
+  if path is not None and jax.process_index() == 0:
+    ops.save_npz_atomic(path, regions=regions, offsets=offsets, manifest=np.asarray(json.dumps(manifest)))
+  return regions, offsets
+
+
+def images_in(folder: str) -> list[str]:
+  """The image files of a folder (sorted), for whiten_on=<folder>."""
+  from visim_jax.data import images as images_lib  # pylint: disable=g-import-not-at-top
+  return images_lib.list_images(folder)
+
+
+def load_whitening(backbone, opts: Options, cache_dir: str | None, file_key_fn, batch_size: int = 8,
+                   dtype: str = 'float32', progress: bool = True) -> pca.PCA | None:
+  """The PCA-whitening named by opts.whiten_on: None for ''; an .npz with `regions` (M, C) to learn it from or
+  with `mean` (C,), `components` (C, d) [, `scale` (d,)] (a learned one); an image folder (its images' region
+  vectors, extracted with the same backbone and options, learn it)."""
+  src = os.path.expanduser(opts.whiten_on)
+  if not src:
+    return None
+  dim = opts.whiten_dim or None
+  if os.path.isdir(src):
+    paths = images_in(src)
+    regions, _ = cached_regions(backbone, paths, opts, cache_dir, file_key_fn(paths), None, 'whiten', batch_size,
+                                dtype, progress)
+  elif os.path.isfile(src) and src.endswith('.npz'):
+    from visim_jax.data import npz  # pylint: disable=g-import-not-at-top
+    z = npz.read_arrays(src, (), ('regions', 'mean', 'components', 'scale'), field='config.rmac.whiten_on')
+    if 'mean' in z and 'components' in z:
+      mean, comps = z['mean'].astype(np.float32), z['components'].astype(np.float32)
+      scale = z['scale'].astype(np.float32) if 'scale' in z else np.ones(comps.shape[1], np.float32)
+      if mean.ndim != 1 or comps.shape[:1] != mean.shape or scale.shape != comps.shape[1:]:
+        raise UserError(f'config.rmac.whiten_on: {src}: mean {mean.shape}, components {comps.shape}, scale '
+                        f'{scale.shape} do not fit together')
+      return pca.PCA(jnp.asarray(mean), jnp.asarray(comps[:, :dim]), jnp.asarray(scale[:dim]))
+    if 'regions' not in z:
+      raise UserError(f'config.rmac.whiten_on: {src}: needs `regions` (M, C) or `mean` + `components`')
+    regions = z['regions'].astype(np.float32)
+  else:
+    raise UserError(f'config.rmac.whiten_on: {src} is neither an image folder nor an .npz file')
+  if regions.ndim != 2 or len(regions) < regions.shape[1]:
+    raise UserError(f'config.rmac.whiten_on: {opts.whiten_on}: {regions.shape} region vectors; learning a '
+                    f'{regions.shape[-1]}-d whitening needs at least as many vectors as dimensions (add images)')
+  return learn_whitening(regions, dim)
+
+
+def save_whitening(path: str, white: pca.PCA) -> None:
+  """A learned whitening as an .npz (mean, components, scale) that whiten_on accepts."""
+  ops.save_npz_atomic(path, mean=np.asarray(white.mean), components=np.asarray(white.components),
+                      scale=np.asarray(white.scale))
+
+
+def describe_images(backbone, paths: Sequence[str], opts: Options, cache_dir: str | None, file_key_fn,
+                    bboxes=None, tag: str = 'images', batch_size: int = 8, dtype: str = 'float32',
+                    progress: bool = True) -> np.ndarray:
+  """R-MAC descriptors (N, C or whiten_dim) of image files (cropped to `bboxes` if given), whitened as
+  opts.whiten_on says; region vectors come from / go to the cache. file_key_fn(paths) -> a hash of the file list
+  (visim_jax.features.file_list_hash)."""
+  white = load_whitening(backbone, opts, cache_dir, file_key_fn, batch_size, dtype, progress)
+  regions, offsets = cached_regions(backbone, paths, opts, cache_dir, file_key_fn(paths), bboxes, tag, batch_size,
+                                    dtype, progress)
+  return descriptors(regions, offsets, white)

@@ -10,9 +10,17 @@ Revisited (Radenovic et al. 2018, gnd_roxford5k.pkl / gnd_rparis6k.pkl): a pickl
 'junk': [idx]}, ...]} with indices into imlist. It is read with visim_jax.safe_pickle.load_data_pickle
 (containers + numpy arrays only; never a plain pickle.load).
 
+Classic as a pickle (cirtorch's gnd_oxford5k.pkl / gnd_paris6k.pkl: the same dict with {'bbx', 'ok', 'junk'}
+per query) is read by the same loader and gets protocol 'classic'.
+
 Both loaders return a `RetrievalGT` whose `gnd` holds index arrays into `imlist` (classic: {'ok', 'good',
 'junk'}; revisited: {'easy', 'hard', 'junk'}), ready for metrics.map.evaluate_classic / evaluate_revisited.
 Bad input raises naming the file (and line).
+
+A dataset folder (`load_retrieval_set`), in revisitop's / cirtorch's layout `<root>/jpg/<name>.jpg` +
+`<root>/gnd_<dataset>.pkl` (e.g. roxford5k, rparis6k, oxford5k, paris6k), or the original download
+(`<root>/oxbuild_images/` or `<root>/images/` + a `gt_files*` folder), gives the database image paths in imlist
+order, the query image paths and their bounding boxes (queries are cropped to them: the standard protocol).
 """
 from __future__ import annotations
 
@@ -24,6 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from visim_jax import safe_pickle
+from visim_jax.errors import UserError
 
 CLASSIC_SUFFIXES = ('good', 'ok', 'junk')
 
@@ -125,12 +134,13 @@ def load_revisited_gnd(path: str) -> RetrievalGT:
   raw = list(cfg['gnd'])
   if len(raw) != len(qimlist):
     raise ValueError(f'{path}: {len(raw)} gnd entries for {len(qimlist)} queries')
+  classic = bool(raw) and isinstance(raw[0], dict) and 'ok' in raw[0] and 'easy' not in raw[0]
   gnd, bboxes = [], []
   for q, g in enumerate(raw):
     if not isinstance(g, dict):
       raise ValueError(f'{path}: gnd[{q}] is a {type(g).__name__}, expected a dict')
     entry = {}
-    for key in ('easy', 'hard', 'junk'):
+    for key in (('ok', 'junk') if classic else ('easy', 'hard', 'junk')):
       if key not in g:
         raise KeyError(f'{path}: gnd[{q}] has no {key!r} list')
       idx = np.asarray(g[key], np.int64).reshape(-1)
@@ -140,7 +150,8 @@ def load_revisited_gnd(path: str) -> RetrievalGT:
     gnd.append(entry)
     bbx = g.get('bbx')
     bboxes.append(np.asarray(bbx, np.float64).reshape(4) if bbx is not None else np.full(4, np.nan))
-  return RetrievalGT(protocol='revisited', imlist=imlist, qimlist=qimlist, query_ids=list(qimlist),
+  return RetrievalGT(protocol='classic' if classic else 'revisited', imlist=imlist, qimlist=qimlist,
+                     query_ids=list(qimlist),
                      bboxes=np.asarray(bboxes).reshape(-1, 4), gnd=gnd)
 
 
@@ -155,3 +166,69 @@ def load_gt(path: str, imlist: Sequence[str] | None = None) -> RetrievalGT:
                        f'{len(imlist)} images, or another order)')
     return gt
   raise ValueError(f'config.eval.gt: {path} is neither a gt_files folder nor a revisited .pkl')
+
+
+# ---------------------------------------------------------------------------------------- dataset folders
+
+IMAGE_DIRS = ('jpg', 'oxbuild_images', 'paris_images', 'images')
+_EXTS = ('.jpg', '.jpeg', '.png')
+
+
+@dataclasses.dataclass
+class RetrievalSet:
+  name: str                   # the folder's name (roxford5k, ...)
+  gt: RetrievalGT
+  image_paths: list[str]      # database images, in gt.imlist order
+  query_paths: list[str]      # query images (full files; crop them to gt.bboxes)
+
+  @property
+  def protocol(self) -> str:
+    return self.gt.protocol
+
+
+def _find_gnd(root: str) -> str:
+  pkls = sorted(glob.glob(os.path.join(root, 'gnd_*.pkl')))
+  dirs = sorted(d for d in glob.glob(os.path.join(root, 'gt_files*')) if os.path.isdir(d))
+  found = pkls + dirs
+  if len(found) != 1:
+    raise UserError(f'config.retrieval.roots: {root}: expected exactly one ground truth (gnd_*.pkl or a gt_files* '
+                    f'folder), found {[os.path.basename(f) for f in found] or "none"}; name it with '
+                    'config.retrieval.gnd')
+  return found[0]
+
+
+def _image_index(folder: str) -> dict[str, str]:
+  """{name without extension: path} of the images in `folder` (and one level of sub-folders: Paris6k's
+  paris/<landmark>/ layout)."""
+  out = {}
+  for dirpath, _, files in os.walk(folder):
+    if os.path.relpath(dirpath, folder).count(os.sep) > 1:
+      continue
+    for f in files:
+      stem, ext = os.path.splitext(f)
+      if ext.lower() in _EXTS and not f.startswith('.'):
+        out.setdefault(_strip_name(stem), os.path.join(dirpath, f))
+  return out
+
+
+def load_retrieval_set(root: str, gnd: str = '') -> RetrievalSet:
+  """An Oxford/Paris-style folder: images + ground truth (see the module docstring); `gnd` overrides the look-up."""
+  root = os.path.expanduser(root)
+  if not os.path.isdir(root):
+    raise FileNotFoundError(f'config.retrieval.roots: {root} is not a folder (expected jpg/ + gnd_*.pkl)')
+  image_dir = next((os.path.join(root, d) for d in IMAGE_DIRS if os.path.isdir(os.path.join(root, d))), root)
+  index = _image_index(image_dir)
+  if not index:
+    raise UserError(f'config.retrieval.roots: {image_dir} holds no .jpg/.png images')
+  gnd_path = os.path.expanduser(gnd) if gnd else _find_gnd(root)
+  gt = load_gt(gnd_path, sorted(index) if os.path.isdir(gnd_path) else None)
+
+  def paths(names, what):
+    missing = [n for n in names if _strip_name(n) not in index]
+    if missing:
+      raise UserError(f'{gnd_path}: {len(missing)} {what} image(s) not found in {image_dir} (first: '
+                      f'{missing[0]!r}); download the full image set there')
+    return [index[_strip_name(n)] for n in names]
+
+  return RetrievalSet(name=os.path.basename(os.path.normpath(root)), gt=gt,
+                      image_paths=paths(gt.imlist, 'database'), query_paths=paths(gt.qimlist, 'query'))
