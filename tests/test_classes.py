@@ -6,6 +6,7 @@ import pytest
 from PIL import Image
 
 from visim_jax.data import classes
+from visim_jax.errors import UserError
 
 
 def write_folder(root, sizes=(3, 2, 0), size=24):
@@ -27,7 +28,7 @@ def test_image_folder(tmp_path):
   assert data.labels.tolist() == [0, 0, 0, 1, 1]
   assert all(p.endswith('.png') for p in data.paths)
   assert data.empty_classes == ['class2']
-  with pytest.raises(FileNotFoundError, match='image folder not found'):
+  with pytest.raises(UserError, match='image folder not found'):
     classes.image_folder(str(tmp_path / 'nope'))
   os.makedirs(tmp_path / 'flat')
   with pytest.raises(ValueError, match='no class sub-folders'):

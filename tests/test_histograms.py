@@ -1,15 +1,24 @@
-"""Histogram metrics (paper 003, Eqs. 1-4): known answers, the NumPy per-class reference, bad input, sharding."""
+"""Histogram metrics (paper 003): the paper's equations as plain NumPy loops, both estimators, kNN, class trees."""
+import json
 import math
 import os
 import subprocess
 import sys
 import textwrap
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from visim_jax.errors import UserError
+from visim_jax.metrics import blocked_histograms as B
 from visim_jax.metrics import histograms as H
+from visim_jax.metrics import knn
+from visim_jax.metrics import pair_sampling as S
+from visim_jax.metrics import tree as T
+
+EXACT = H.Options(mode='exhaustive', min_class_size=2, se_replicates=0)
 
 
 def clustered(c=6, n=9, d=12, noise=1.0, seed=0):
@@ -19,123 +28,199 @@ def clustered(c=6, n=9, d=12, noise=1.0, seed=0):
   return x.astype(np.float32), lab
 
 
-def numpy_reference(x, labels, num_classes, bins=100):
-  """What a user would write: a Python loop over classes, every pair, np.histogram."""
-  x = x / np.linalg.norm(x, axis=1, keepdims=True)
+def paper_reference(x, labels, num_classes, bins=100):
+  """Paper 003 written out with loops: target standardisation (Sec. 9.1), cosine, every pair (Eq. 1), 100 bins on
+  [-1, 1] (Sec. 3.1), Eq. 3, Eq. 4 as printed, maximal overlap over pairs of classes (Sec. 9.2)."""
+  x = np.asarray(x, np.float64)
+  z = (x - x.mean(0)) / x.std(0)
+  z = z / np.linalg.norm(z, axis=1, keepdims=True)
+  n = len(z)
+  edges = np.linspace(-1, 1, bins + 1)
+  centre = [(edges[b] + edges[b + 1]) / 2 for b in range(bins)]  # MEAN(b)
+
+  def hist(values):
+    h = np.histogram(values, edges)[0].astype(float)
+    return h / h.sum()
+
+  intra, inter, between = {}, {}, {}
+  for y in range(num_classes):
+    s_in, s_out = [], []
+    for i in range(n):
+      for j in range(n):
+        if labels[i] == y and labels[j] == y and i < j:
+          s_in.append(z[i] @ z[j])
+        if labels[i] == y and labels[j] != y:
+          s_out.append(z[i] @ z[j])
+    intra[y], inter[y] = hist(s_in), hist(s_out)
+    for y2 in range(num_classes):
+      if y2 != y:
+        between[y, y2] = hist([z[i] @ z[j] for i in range(n) for j in range(n) if labels[i] == y and labels[j] == y2])
+  N = num_classes
+  overlap = sum(sum(min(intra[y][b], inter[y][b]) for b in range(bins)) for y in range(N)) / N
+
+  def eq4(p_given_y):
+    p = [sum(p_given_y[y][b] for y in range(N)) / N for b in range(bins)]  # p(s) = 1/N sum_y p(s|y)
+    mu = sum(p[b] * centre[b] for b in range(bins))
+    return math.sqrt(sum(p[b] * (centre[b] - mu) ** 2 for b in range(bins)))
+
+  max_pair = max(sum(min(intra[y][b], between[y, y2][b]) for b in range(bins)) for (y, y2) in between)
+  max_class = max(sum(min(intra[y][b], inter[y][b]) for b in range(bins)) for y in range(N))
+  return {'overlap': overlap, 'astd_inter': eq4(inter), 'astd_intra': eq4(intra), 'max_overlap': max_pair,
+          'max_class_overlap': max_class}
+
+
+def pair_list_histograms(x, labels, num_classes, weights=None, bins=100):
+  """The pre-issue-12 exact path: host lists of every index pair, then gathers, dots and np.histogram (float32)."""
+  weights = np.ones(len(labels)) if weights is None else weights
   h_in, h_out = np.zeros((num_classes, bins)), np.zeros((num_classes, bins))
   for c in range(num_classes):
-    xc, xo = x[labels == c], x[(labels != c) & (labels >= 0)]
-    s = xc @ xc.T
-    h_in[c] = np.histogram(s[np.triu_indices(len(xc), 1)], bins, (-1, 1))[0]
-    h_out[c] = np.histogram((xc @ xo.T).ravel(), bins, (-1, 1))[0]
+    m, o = np.flatnonzero(labels == c), np.flatnonzero((labels != c) & (labels >= 0))
+    i, j = np.triu_indices(len(m), 1)
+    a, b = m[i], m[j]
+    h_in[c] = np.histogram((x[a] * x[b]).sum(1), bins, (-1, 1), weights=weights[a] * weights[b])[0]
+    a, b = np.repeat(m, len(o)), np.tile(o, len(m))
+    h_out[c] = np.histogram((x[a] * x[b]).sum(1), bins, (-1, 1), weights=weights[a] * weights[b])[0]
   return h_in, h_out
 
 
-def test_identical_distributions_overlap_one():
+def test_exhaustive_equals_the_papers_equations_written_as_loops():
+  x, lab = clustered(c=4, n=7, d=6, noise=1.2, seed=5)
+  lab[2] = 3  # uneven classes
+  m = H.evaluate(H.prepare(jnp.asarray(x), 'target'), lab, 4, EXACT)
+  ref = paper_reference(x, lab, 4)
+  for k, v in ref.items():
+    assert float(m[k]) == pytest.approx(v, abs=2e-3), k  # a similarity on a bin edge may round the other way
+  assert m['estimator'] == 'exhaustive' and m['pairwise']
+  # Eq. 4 is not the spread of the class means (the old headline), which is much smaller here
+  assert float(m['class_mean_spread_inter']) < 0.5 * float(m['astd_inter'])
+
+
+def test_identical_and_disjoint_distributions():
   rng = np.random.default_rng(0)
   h = rng.integers(0, 50, size=(4, 100))
-  m = H.histogram_metrics(h, 3 * h, np.ones(4, bool))  # same probabilities, different pair counts
-  np.testing.assert_allclose(m['overlap'], 1.0, atol=1e-6)
-  np.testing.assert_allclose(m['max_overlap'], 1.0, atol=1e-6)
-  # end to end: every sample the same vector -> every similarity 1 for both kinds
-  x = jnp.ones((12, 5))
-  out = H.evaluate(H.prepare(x, 'none'), np.repeat(np.arange(3), 4), 3, H.Options(knn_k=0))
-  assert out['overlap'] == pytest.approx(1.0)
-
-
-def test_disjoint_distributions_overlap_zero():
+  m = H.histogram_metrics(h, 3 * h, np.ones(4, bool), np.broadcast_to(h[:, None], (4, 4, 100)))
+  assert float(m['overlap']) == pytest.approx(1.0, abs=1e-6) and float(m['max_overlap']) == pytest.approx(1.0, abs=1e-6)
+  assert float(m['max_class_overlap']) == pytest.approx(1.0, abs=1e-6)
   c, n = 5, 6
   lab = np.repeat(np.arange(c), n)
   x = np.eye(8, dtype=np.float32)[lab] + 0.01 * np.random.default_rng(1).normal(size=(c * n, 8))
-  out = H.evaluate(H.prepare(jnp.asarray(x), 'none'), lab, c, H.Options(knn_k=3, knn_queries=0))
-  assert out['overlap'] == 0.0 and out['max_overlap'] == 0.0
-  assert out['knn_accuracy'] == 1.0
-  assert out['intra_mode'] == 'exhaustive' and out['intra_pairs'] == c * n * (n - 1) // 2
-  assert out['inter_pairs'] == c * n * (c - 1) * n
+  out = H.evaluate(H.prepare(jnp.asarray(x), 'none'), lab, c, EXACT)
+  assert out['overlap'] == 0.0 and out['max_overlap'] == 0.0 and out['max_class_overlap'] == 0.0
+  assert out['intra_pairs'] == c * n * (n - 1) // 2 and out['inter_pairs'] == c * n * (c - 1) * n
 
 
 def test_two_gaussians_match_analytic_overlap_coefficient():
   rng = np.random.default_rng(0)
   m1, m2, sd, n = 0.2, 0.5, 0.1, 400_000
-  s = np.concatenate([rng.normal(m1, sd, n), rng.normal(m2, sd, n)]).astype(np.float32)
-  cls = np.repeat([0, 1], n).astype(np.int32)
-  h = np.asarray(H.similarity_histograms(jnp.asarray(s), jnp.asarray(cls), num_classes=2))
-  ov = float(H.class_overlap(H.to_probabilities(h[0]), H.to_probabilities(h[1])))
-  analytic = 2 * 0.5 * math.erfc(abs(m2 - m1) / (2 * sd) / math.sqrt(2))  # 2 Phi(-|d| / (2 sd))
-  assert ov == pytest.approx(analytic, abs=0.01)
+  h1 = np.histogram(rng.normal(m1, sd, n), 100, (-1, 1))[0]
+  h2 = np.histogram(rng.normal(m2, sd, n), 100, (-1, 1))[0]
+  ov = float(H.class_overlap(H.to_probabilities(h1), H.to_probabilities(h2)))
+  assert ov == pytest.approx(2 * 0.5 * math.erfc(abs(m2 - m1) / (2 * sd) / math.sqrt(2)), abs=0.01)
 
 
-def test_astd_zero_when_classes_share_a_distribution_and_known_value():
-  rng = np.random.default_rng(0)
-  row = rng.integers(0, 100, size=100)
-  same = np.tile(row, (7, 1))
-  m = H.histogram_metrics(same, same[::-1] + 1, np.ones(7, bool))
-  assert float(m['astd_inter']) == pytest.approx(0.0, abs=1e-6)
-  assert float(m['astd_intra']) == pytest.approx(0.0, abs=1e-6)
-  assert float(m['pooled_std_intra']) > 0.1  # the literal Eq. 4 reading is not zero here
-  # two classes whose intra similarities sit at bin centres 0.11 and 0.31: class means differ by 0.2
+def test_astd_eq4_and_class_mean_spread_known_values():
   h = np.zeros((2, 100))
-  h[0, 55], h[1, 65] = 10, 10
+  h[0, 55], h[1, 65] = 10, 10  # intra similarities at bin centres 0.11 and 0.31
   m = H.histogram_metrics(h, h, np.ones(2, bool))
-  assert float(m['astd_intra']) == pytest.approx(0.1, abs=1e-6)
-  np.testing.assert_allclose(m['class_mean_intra'], [0.11, 0.31], atol=1e-6)
-  # an invalid class does not count
-  m = H.histogram_metrics(np.vstack([h, h[:1] * 0 + 1]), np.vstack([h, h[:1]]), np.array([1, 1, 0], bool))
-  assert float(m['astd_intra']) == pytest.approx(0.1, abs=1e-6)
+  assert float(m['astd_intra']) == pytest.approx(0.1, abs=1e-6)  # p(s): half at 0.11, half at 0.31
+  assert float(m['class_mean_spread_intra']) == pytest.approx(0.1, abs=1e-6)
+  h[0, 45] = h[1, 75] = 10  # p(s) = 1/4 at each of -0.09, 0.11, 0.31, 0.51: mu 0.21; class means 0.01, 0.41
+  m = H.histogram_metrics(h, h, np.ones(2, bool))
+  assert float(m['astd_intra']) == pytest.approx(math.sqrt((0.3 ** 2 + 0.1 ** 2) / 2), abs=1e-5)
+  assert float(m['class_mean_spread_intra']) == pytest.approx(0.2, abs=1e-5)
+  same = np.tile(np.random.default_rng(0).integers(0, 100, size=100), (7, 1))
+  m = H.histogram_metrics(same, same, np.ones(7, bool))
+  assert float(m['class_mean_spread_inter']) == pytest.approx(0.0, abs=1e-6) and float(m['astd_inter']) > 0.1
+  m = H.histogram_metrics(np.vstack([h, h[:1] + 1]), np.vstack([h, h[:1]]), np.array([1, 1, 0], bool))
+  assert float(m['class_mean_spread_intra']) == pytest.approx(0.2, abs=1e-5)  # an invalid class does not count
 
 
-def test_vmapped_equals_per_class_numpy_loop():
-  x, lab = clustered(c=7, n=8, d=10)
-  lab[3] = 6  # uneven class sizes
-  out = H.evaluate(H.prepare(jnp.asarray(x), 'none'), lab, 7, H.Options(knn_k=0))
-  ref_in, ref_out = numpy_reference(x, lab, 7)
-  assert np.abs(out['hist_intra'] - ref_in).sum() <= 2  # a similarity on a bin edge may round the other way
-  assert np.abs(out['hist_inter'] - ref_out).sum() <= 2
-  p_in = ref_in / ref_in.sum(1, keepdims=True)
-  p_out = ref_out / ref_out.sum(1, keepdims=True)
-  np.testing.assert_allclose(out['class_overlap'], np.minimum(p_in, p_out).sum(1), atol=2e-3)
-  np.testing.assert_allclose(out['overlap'], np.minimum(p_in, p_out).sum(1).mean(), atol=1e-3)
+@pytest.mark.parametrize('tile', [8, 32, 256])
+def test_blocked_exact_equals_the_pair_list_path(tile):
+  x, lab = clustered(c=5, n=11, d=7, seed=3)
+  lab[[4, 20]] = -1  # left out
+  lab[30:33] = 4     # uneven
+  xp = np.asarray(H.prepare(jnp.asarray(x), 'target'))
+  rng = np.random.default_rng(0)
+  w = np.stack([np.ones(len(lab), np.int32), rng.integers(0, 4, len(lab)).astype(np.int32)])
+  h_in, h_out, pair = B.exact_histograms(jnp.asarray(xp), lab, 5, tile=tile, weights=w, pairwise=True)
+  for r in range(2):
+    ref_in, ref_out = pair_list_histograms(xp, lab, 5, w[r])
+    assert np.abs(h_in[r] - ref_in).sum() <= 2 and np.abs(h_out[r] - ref_out).sum() <= 2
+    assert h_in[r].sum() == ref_in.sum() and h_out[r].sum() == ref_out.sum()
+  # pairwise counts: pair[y, y'] holds every pair between y and y'; summed over y' they are the inter counts
+  np.testing.assert_array_equal(pair[0].sum(1), h_out[0])
+  np.testing.assert_array_equal(pair[0], pair[0].transpose(1, 0, 2))
+
+
+def test_exhaustive_refuses_with_an_estimate_and_auto_picks_one_estimator():
+  opts = H.Options(mode='exhaustive', max_seconds=1e-9)
+  with pytest.raises(UserError, match=r'config.pairs.mode: the exact pass needs .* pairs .* GiB .*pairs.mode=random'):
+    H.choose_estimator(10_000, 64, 10, opts)
+  assert H.choose_estimator(1_000, 64, 10, H.Options(mode='auto')) == 'exhaustive'
+  assert H.choose_estimator(1_000, 64, 10, H.Options(mode='auto', exhaustive_max=1000)) == 'random'
+  plan = B.make_plan(1_000_000, 768, 1000, devices=8)
+  assert plan.pairs == 1_000_000 * 999_999 // 2 and plan.bytes_per_device > 1_000_000 * 768 * 4
+
+
+def test_estimator_and_standard_errors_are_reported():
+  x, lab = clustered(c=4, n=12, d=8, noise=0.8)
+  xp = H.prepare(jnp.asarray(x))
+  ex = H.evaluate(xp, lab, 4, H.Options(mode='auto', se_replicates=4))
+  rnd = H.evaluate(xp, lab, 4, H.Options(mode='random', n_intra=3000, n_inter=3000, se_replicates=4))
+  assert ex['estimator'] == 'exhaustive' and rnd['estimator'] == 'random'
+  assert ex['se_method'].startswith('bootstrap') and rnd['se_method'].startswith('independent')
+  for m in (ex, rnd):
+    assert set(m['se']) == set(H.SE_KEYS) and all(v is not None and 0 < v < 0.2 for v in m['se'].values())
+  for k in ('overlap', 'astd_inter', 'astd_intra'):  # random agrees with exact within a few standard errors
+    assert abs(float(rnd[k]) - float(ex[k])) < 4 * rnd['se'][k] + 0.01, k
+  assert H.evaluate(xp, lab, 4, H.Options(se_replicates=0))['se']['overlap'] is None
+
+
+def test_min_class_size_omits_small_classes():
+  x, lab = clustered(c=4, n=12, d=8)
+  lab = lab.copy()
+  lab[lab == 3] = np.where(np.arange(12) < 9, 3, 2)  # class 3: 9 samples, class 2: 15
+  out = H.evaluate(H.prepare(jnp.asarray(x)), lab, 4, H.Options(se_replicates=0))  # default 10 (Sec. 4.1)
+  assert out['omitted_classes'] == 1 and out['valid'].tolist() == [True, True, True, False]
+  assert out['class_counts'].tolist() == [12, 12, 15, 9]
+  out = H.evaluate(H.prepare(jnp.asarray(x)), lab, 4, H.Options(min_class_size=9, se_replicates=0))
+  assert out['omitted_classes'] == 0
+  with pytest.raises(H.TooFewClasses, match='only 1 class'):
+    H.evaluate(H.prepare(jnp.asarray(x)), np.minimum(lab, 1) * (np.arange(48) < 12), 2, H.Options())
 
 
 def test_random_pairs_equal_numpy_on_the_same_pairs():
-  import jax
   x, lab = clustered(c=5, n=7, d=6, seed=2)
   xp = H.prepare(jnp.asarray(x), 'target')
-  index = H.group_by_class(lab, 5)
+  index = S.group_by_class(lab, 5)
   key = jax.random.key(3)
   n, rs = 40, 16  # 3 rounds, the last one partly masked
+  xs = np.asarray(xp)
   for kind in ('intra', 'inter'):
-    got = np.asarray(H.random_pair_histograms(xp, index, key, n_pairs=n, kind=kind, round_size=rs))[:5]
-    xs = np.asarray(xp)
-    want = np.zeros((5, 100))
+    got = S.random_pair_histograms(xp, index, key, n_pairs=n, kind=kind, round_size=rs, pairwise=kind == 'inter')
+    got, pair = (got if kind == 'inter' else (got, None))
+    want, want_pair = np.zeros((5, 100)), np.zeros((5, 5, 100))
     for r in range(3):
-      a, b = (np.asarray(v) for v in H.draw_pairs(key, index, rs, kind, r))
+      a, b = (np.asarray(v) for v in S.draw_pairs(key, index, rs, kind, r))
       for c in range(5):
         take = min(rs, n - r * rs)
         ia, ib = index.order[a[c, :take]], index.order[b[c, :take]]
-        assert np.all(lab[ia] == c)
-        assert np.all(ia != ib) if kind == 'intra' else np.all(lab[ib] != c)
-        if kind == 'intra':
-          assert np.all(lab[ib] == c)
-        want[c] += np.histogram((xs[ia] * xs[ib]).sum(1), 100, (-1, 1))[0]
-    assert np.abs(got - want).sum() <= 2
-    assert got.sum() == 5 * n
-
-
-def test_random_mode_agrees_with_exhaustive():
-  x, lab = clustered(c=4, n=20, d=8, noise=0.8)
-  xp = H.prepare(jnp.asarray(x))
-  ex = H.evaluate(xp, lab, 4, H.Options(mode='exhaustive', knn_k=0))
-  rnd = H.evaluate(xp, lab, 4, H.Options(mode='random', n_intra=20_000, n_inter=20_000, knn_k=0))
-  assert rnd['intra_mode'] == 'random' and ex['inter_mode'] == 'exhaustive'
-  assert float(rnd['overlap']) == pytest.approx(float(ex['overlap']), abs=0.03)
-  assert float(rnd['astd_intra']) == pytest.approx(float(ex['astd_intra']), abs=0.01)
+        assert np.all(lab[ia] == c) and (np.all(lab[ib] == c) & np.all(ia != ib) if kind == 'intra'
+                                         else np.all(lab[ib] != c))
+        s = (xs[ia] * xs[ib]).sum(1)
+        want[c] += np.histogram(s, 100, (-1, 1))[0]
+        for c2 in range(5):
+          want_pair[c, c2] += np.histogram(s[lab[ib] == c2], 100, (-1, 1))[0]
+    assert np.abs(np.asarray(got)[:5] - want).sum() <= 2 and np.asarray(got).sum() == 5 * n
+    if pair is not None:
+      assert np.abs(np.asarray(pair)[:5, :5] - want_pair).sum() <= 2
 
 
 def test_knn_matches_brute_force():
   x, lab = clustered(c=5, n=10, d=6, noise=1.5, seed=4)
   xp = H.prepare(jnp.asarray(x), 'none')
-  acc, per = H.knn_accuracy(xp, lab, 5, k=5, db_chunk=16, query_chunk=8)  # several chunks of both kinds
+  acc, per = knn.knn_accuracy(xp, lab, 5, k=5, db_chunk=16, query_chunk=8)  # several chunks of both kinds
   xs = np.asarray(xp)
   s = xs @ xs.T
   np.fill_diagonal(s, -np.inf)
@@ -143,86 +228,71 @@ def test_knn_matches_brute_force():
   votes = np.stack([np.bincount(lab[r], minlength=5) for r in nn])
   ties = np.stack([np.bincount(lab[r], weights=s[i, r], minlength=5) for i, r in enumerate(nn)])
   pred = np.argmax(votes + (ties + 5) / 11, 1)
-  assert acc == pytest.approx((pred == lab).mean())
-  assert np.nanmean(per) == pytest.approx((pred == lab).mean())
+  assert acc == pytest.approx((pred == lab).mean()) and np.nanmean(per) == pytest.approx((pred == lab).mean())
 
 
-def test_standardize_modes():
+def test_standardize_modes_and_bad_input():
   x = np.random.default_rng(0).normal(3, 2, size=(50, 4)).astype(np.float32)
   t = np.asarray(H.standardize(jnp.asarray(x), 'target'))
   np.testing.assert_allclose(t.mean(0), 0, atol=1e-5)
   np.testing.assert_allclose(t.std(0), 1, atol=1e-4)
-  s = np.asarray(H.standardize(jnp.asarray(x), 'source', np.full(4, 3.0), np.full(4, 2.0)))
-  np.testing.assert_allclose(s, (x - 3) / 2, atol=1e-6)
-  with pytest.raises(ValueError, match='source mean and std'):
-    H.standardize(jnp.asarray(x), 'source')
+  np.testing.assert_allclose(np.asarray(H.standardize(jnp.asarray(x), 'source', np.full(4, 3.), np.full(4, 2.))),
+                             (x - 3) / 2, atol=1e-6)
   with pytest.raises(ValueError, match='do not match'):
     H.standardize(jnp.asarray(x), 'source', np.zeros(3), np.ones(3))
-
-
-def test_bad_input_messages():
   x, lab = clustered(c=3, n=4, d=5)
-  with pytest.raises(ValueError, match='12 feature rows but 11 labels'):
+  with pytest.raises(UserError, match='feats.npz: 12 feature rows but 11 labels'):
     H.check_inputs(x, lab[:-1], 'feats.npz')
-  bad = x.copy()
-  bad[5, 2] = np.nan
-  with pytest.raises(ValueError, match=r'feats.npz: 1 feature rows hold NaN.*\[5\]'):
-    H.check_inputs(bad, lab, 'feats.npz')
-  with pytest.raises(ValueError, match='integers'):
-    H.check_inputs(x, lab.astype(float), 'feats.npz')
-  # a class with one sample is skipped and counted; fewer than 2 classes left is an error
-  lab2 = np.array([0, 0, 0, 1, 1, 1, 2, 3, 3, 3, 3, 3])
-  out = H.evaluate(H.prepare(jnp.asarray(x)), lab2, 4, H.Options(knn_k=0))
-  assert out['skipped_classes'] == 1 and list(out['valid']) == [True, True, False, True]
-  with pytest.raises(ValueError, match='only 1 class'):
-    H.evaluate(H.prepare(jnp.asarray(x)), np.array([0] * 11 + [1]), 2, H.Options(knn_k=0))
+  x[5, 2] = np.nan
+  with pytest.raises(UserError, match=r'feats.npz: 1 feature rows hold NaN.*\[5\]'):
+    H.check_inputs(x, lab, 'feats.npz')
+  with pytest.raises(UserError, match='config.se_replicates'):
+    H.Options(se_replicates=1).validate()
 
 
-def test_hierarchy_clusters_and_levels():
-  tree = {'root': ['animal', 'thing'], 'animal': ['dog', 'cat'], 'dog': ['pug', 'husky'], 'thing': ['car', 'cup']}
-  names = ['pug', 'husky', 'cat', 'car', 'cup', 'dog']
-  lab = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5])
-  assert H.levels(tree) == {'root': 0, 'animal': 1, 'thing': 1, 'dog': 2, 'cat': 2, 'pug': 3, 'husky': 3,
-                            'car': 2, 'cup': 2}
-  got = {node: (lvl, kids, cl.tolist()) for node, lvl, kids, cl in H.node_clusters(tree, names, lab)}
-  assert got['root'][2] == [0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0]
-  assert got['animal'][2] == [0, 0, 0, 0, 1, 1, -1, -1, -1, -1, 0, 0]
-  assert got['dog'][2] == [0, 0, 1, 1] + [-1] * 8  # samples labelled 'dog' itself are left out of node dog
-  # a DAG: 'cat' under two children of root -> its samples are left out of root
-  tree2 = dict(tree, thing=['car', 'cup', 'cat'])
-  got2 = {node: cl.tolist() for node, _, _, cl in H.node_clusters(tree2, names, lab)}
-  assert got2['root'][4:6] == [-1, -1]
+def test_tree_nodes_need_more_than_two_children():
+  tree = {'root': ['animal', 'thing'], 'animal': ['dog', 'cat', 'bird'], 'dog': ['pug', 'husky'],
+          'thing': ['car', 'cup', 'pen']}
+  names = ['pug', 'husky', 'cat', 'car', 'cup', 'dog', 'bird', 'pen']
+  lab = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7])
+  assert T.levels(tree)['pug'] == 3 and T.levels(tree)['root'] == 0
+  got = {node: cl.tolist() for node, _, _, cl in T.node_clusters(tree, names, lab)}
+  assert sorted(got) == ['animal', 'thing']  # Sec. 4.1: > 2 children; root and dog have 2
+  assert got['animal'] == [0, 0, 0, 0, 1, 1, -1, -1, -1, -1, 0, 0, 2, 2, -1, -1]  # 'dog' samples join child dog
+  got2 = {node for node, _, _, _ in T.node_clusters(tree, names, lab, min_children=2)}
+  assert got2 == {'root', 'animal', 'thing', 'dog'}
+  no_bird = np.where(lab == 6, -1, lab)  # a child without samples does not count
+  assert 'animal' not in {node for node, _, _, _ in T.node_clusters(tree, names, no_bird)}
   with pytest.raises(ValueError, match='cycle'):
-    H.descendants({'a': ['b'], 'b': ['a']})
+    T.descendants({'a': ['b'], 'b': ['a']})
 
 
-def test_sharded_over_8_devices_equals_one_device(tmp_path):
+def test_8_devices_equal_one_device():
   code = textwrap.dedent('''
-    import json, sys
+    import json
     import numpy as np, jax, jax.numpy as jnp
     from jax.sharding import Mesh
-    from visim_jax.metrics import histograms as H
+    from visim_jax.metrics import blocked_histograms as B, histograms as H, pair_sampling as S
     assert len(jax.devices()) == 8, jax.devices()
     rng = np.random.default_rng(0)
-    lab = np.repeat(np.arange(6), 10)
-    x = H.prepare(jnp.asarray(rng.normal(size=(6, 8))[lab] + rng.normal(size=(60, 8))))
-    index = H.group_by_class(lab, 6)
-    key = jax.random.key(0)
-    one = H.random_pair_histograms(x, index, key, n_pairs=50, kind='inter', round_size=16)
-    mesh = Mesh(np.array(jax.devices()), ('data',))
-    xs = H.shard_samples(x, mesh)
-    assert len(xs.sharding.device_set) == 8
-    many = H.random_pair_histograms(xs, index, key, n_pairs=50, kind='inter', round_size=16)
-    ex1 = H.exhaustive_histograms(x, index, 'intra', 6)
-    ex8 = H.exhaustive_histograms(xs, index, 'intra', 6)
-    print(json.dumps({'random': bool((np.asarray(one) == np.asarray(many)).all()),
-                      'exhaustive': bool((np.asarray(ex1) == np.asarray(ex8)).all()),
-                      'total': int(np.asarray(many).sum())}))
+    lab = np.repeat(np.arange(6), 30)
+    lab[::17] = -1
+    x = H.prepare(jnp.asarray(rng.normal(size=(6, 8))[np.maximum(lab, 0)] + rng.normal(size=(180, 8))))
+    w = np.stack([np.ones(180, np.int32), rng.integers(0, 3, 180).astype(np.int32)])
+    one = B.exact_histograms(x, lab, 6, tile=16, weights=w, pairwise=True, devices=jax.devices()[:1])
+    many = B.exact_histograms(x, lab, 6, tile=16, weights=w, pairwise=True)
+    xs = H.shard_samples(x, Mesh(np.array(jax.devices()), ('data',)))
+    index, key = S.group_by_class(lab, 6), jax.random.key(0)
+    r1 = S.random_pair_histograms(x, index, key, n_pairs=50, kind='inter', round_size=16)
+    r8 = S.random_pair_histograms(xs, index, key, n_pairs=50, kind='inter', round_size=16)
+    print(json.dumps({'exact': all(bool((a == b).all()) for a, b in zip(one, many)),
+                      'random': bool((np.asarray(r1) == np.asarray(r8)).all()), 'sharded': len(xs.sharding.device_set),
+                      'pairs': int(one[0][0].sum() + one[1][0].sum() // 2)}))
   ''')
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   r = subprocess.run([sys.executable, '-c', code], env=env, cwd=root, capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
-  import json
-  res = json.loads(r.stdout.strip().splitlines()[-1])
-  assert res == {'random': True, 'exhaustive': True, 'total': 300}
+  n = 180 - len(range(0, 180, 17))
+  assert json.loads(r.stdout.strip().splitlines()[-1]) == {'exact': True, 'random': True, 'sharded': 8,
+                                                           'pairs': n * (n - 1) // 2}

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from visim_jax import main
+from visim_jax.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,7 +27,7 @@ def local_config(**overrides):
   return c
 
 
-def feature_file(path, c=6, n=8, d=16, seed=0, single=True):
+def feature_file(path, c=9, n=10, d=16, seed=0, single=True):
   rng = np.random.default_rng(seed)
   lab = np.repeat(np.arange(c), n)
   x = rng.normal(size=(c, d))[lab] + rng.normal(size=(c * n, d))
@@ -41,7 +42,8 @@ def feature_file(path, c=6, n=8, d=16, seed=0, single=True):
 def test_features_file_with_tree_end_to_end(tmp_path):
   feats = feature_file(str(tmp_path / 'f.npz'))
   tree = tmp_path / 'tree.txt'
-  tree.write_text('top mid1 mid2\nmid1 leaf0 leaf1 leaf2\nmid2 leaf3 leaf4 leaf5 lonely\n')
+  tree.write_text('top mid1 mid2 mid3\nmid1 leaf0 leaf1 leaf2\nmid2 leaf3 leaf4 leaf5 lonely\n'
+                  'mid3 leaf6 leaf7 leaf8\nleaf8 leaf8a leaf8b\n')
   wd = str(tmp_path / 'wd')
   out = main.run(local_config(dataset='features', features=feats, class_tree=str(tree),
                               plot_classes='leaf0,leaf5'), wd)
@@ -50,20 +52,46 @@ def test_features_file_with_tree_end_to_end(tmp_path):
     assert os.path.exists(os.path.join(wd, f)), f
   m = json.load(open(os.path.join(wd, 'metrics.json')))
   assert m == json.loads(json.dumps(out))
-  assert 0.0 <= m['metrics']['overlap'] <= m['metrics']['max_overlap'] <= 1.0
-  assert m['data']['evaluated_classes'] == 6 and m['data']['skipped_classes'] == 1
-  assert m['data']['skipped_class_names'] == ['lonely']
-  assert m['pairs']['intra_mode'] == 'exhaustive' and m['pairs']['intra_pairs'] == 6 * 28
-  assert 0.0 <= m['metrics']['knn_accuracy'] <= 1.0 and m['knn_k'] == 10
-  assert [r['level'] for r in m['hierarchy']['levels']] == [0, 1]
-  assert m['hierarchy']['nodes'] == 3
+  r = m['metrics']
+  assert 0.0 <= r['overlap'] <= r['max_class_overlap'] <= 1.0 and 0.0 <= r['max_overlap'] <= 1.0
+  assert r['astd_inter'] > r['class_mean_spread_inter'] > 0  # Eq. 4 and the renamed old quantity
+  assert m['max_overlap_pair'][0].startswith('leaf') and m['pairwise_min_pairs'] == 100
+  # one estimator, its noise
+  assert m['estimator']['name'] == 'exhaustive' and m['estimator']['intra_pairs'] == 9 * 45
+  assert m['estimator']['se_method'].startswith('bootstrap')
+  assert set(m['standard_errors']) == {'overlap', 'max_overlap', 'max_class_overlap', 'astd_inter', 'astd_intra'}
+  assert all(0 < v < 0.2 for v in m['standard_errors'].values())
+  # Sec. 4.1 rules: classes with < 10 samples omitted, nodes with > 2 children
+  assert m['data']['evaluated_classes'] == 9 and m['data']['omitted_classes'] == 1
+  assert m['data']['omitted_class_names'] == ['lonely']
+  assert 0.0 <= r['knn_accuracy'] <= 1.0 and m['knn_k'] == 10
+  assert [lv['level'] for lv in m['hierarchy']['levels']] == [0, 1]
+  assert m['hierarchy']['nodes'] == 4  # leaf8 has 2 children: not a node
+  nodes = list(csv.DictReader(open(os.path.join(wd, 'nodes.csv'))))
+  assert [n['node'] for n in nodes] == ['top', 'mid1', 'mid2', 'mid3']
+  assert nodes[2]['clusters'] == '3' and float(nodes[0]['astd_inter']) > 0 and nodes[0]['max_overlap']
   rows = list(csv.DictReader(open(os.path.join(wd, 'classes.csv'))))
-  assert [r['class'] for r in rows] == [f'leaf{i}' for i in range(6)] + ['lonely']
+  assert [r['class'] for r in rows] == [f'leaf{i}' for i in range(9)] + ['lonely']
   assert rows[-1]['evaluated'] == '0' and rows[-1]['overlap'] == ''
-  ov = np.mean([float(r['overlap']) for r in rows[:6]])
+  ov = np.mean([float(r['overlap']) for r in rows[:9]])
   assert ov == pytest.approx(m['metrics']['overlap'], abs=1e-5)
   with np.load(os.path.join(wd, 'histograms.npz')) as z:
-    assert z['hist_intra'].shape == (7, 100) and z['hist_intra'][:6].sum(1).tolist() == [28] * 6
+    assert z['hist_intra'].shape == (10, 100) and z['hist_intra'][:9].sum(1).tolist() == [45] * 9
+
+
+def test_auto_uses_one_estimator_and_exhaustive_refuses_when_too_big(tmp_path):
+  feats = feature_file(str(tmp_path / 'f.npz'), c=4)
+  out = main.run(local_config(dataset='features', features=feats, class_tree='', plots=False,
+                              **{'pairs.exhaustive_max': 100, 'pairs.n_intra': 300, 'pairs.n_inter': 200}),
+                 str(tmp_path / 'wd'))
+  e = out['estimator']
+  assert e['name'] == 'random' and e['intra_pairs'] == 4 * 300 and e['inter_pairs'] == 4 * 200
+  assert e['se_method'].startswith('independent') and out['standard_errors']['overlap'] > 0
+  wd = str(tmp_path / 'wd2')
+  with pytest.raises(UserError, match=r'config.pairs.mode: the exact pass needs .*pairs.max_seconds'):
+    main.run(local_config(dataset='features', features=feats, class_tree='',
+                          **{'pairs.mode': 'exhaustive', 'pairs.max_seconds': 1e-9}), wd)
+  assert not os.path.exists(wd)
 
 
 def test_bad_inputs_fail_before_writing(tmp_path):
@@ -75,7 +103,7 @@ def test_bad_inputs_fail_before_writing(tmp_path):
   with pytest.raises(ValueError, match=r'bad.npz: 1 feature rows hold NaN.*\[4\]'):
     main.run(local_config(dataset='features', features=p, class_tree=''), wd)
   np.savez(p, features=np.ones((6, 3)), labels=np.array([0, 1, 2, 3, 4, 4]))
-  with pytest.raises(ValueError, match=r'only 1 class.*4 skipped'):
+  with pytest.raises(UserError, match=r'only 0 class.*5 omitted.*config.min_class_size'):
     main.run(local_config(dataset='features', features=p, class_tree=''), wd)
   with pytest.raises(ValueError, match='config.class_tree'):
     main.run(local_config(dataset='features', features=p), wd)  # the built-in demo tree needs dataset=demo
@@ -109,9 +137,9 @@ def test_folder_and_tfds_sources_with_a_random_backbone(tmp_path):
   registry.register('tiny_hist_test', 'tests.test_histograms_experiment:tiny_backbone', 'test only')
   root = write_folder(str(tmp_path / 'imgs'), sizes=(3, 3, 1))
   common = {'backbone': 'tiny_hist_test', 'cache_dir': str(tmp_path / 'cache'), 'class_tree': '',
-            'image_batch_size': 4, 'plots': False}
+            'image_batch_size': 4, 'plots': False, 'min_class_size': 2}
   out = main.run(local_config(dataset='folder', data_dir=root, **common), str(tmp_path / 'wd1'))
-  assert out['data']['samples'] == 7 and out['data']['skipped_classes'] == 1
+  assert out['data']['samples'] == 7 and out['data']['omitted_classes'] == 1
   assert out['data']['evaluated_classes'] == 2 and out['knn_k'] == 5
   assert os.listdir(tmp_path / 'cache')  # features were cached
   with tfds.testing.mock_data(num_examples=9):  # labels 0 1 1 1 1 0 0 1 1
@@ -119,4 +147,6 @@ def test_folder_and_tfds_sources_with_a_random_backbone(tmp_path):
                                           'tfds.data_dir': str(tmp_path / 'tfds')}, **common)
     out = main.run(cfg, str(tmp_path / 'wd2'))
   assert out['data']['samples'] == 9 and out['data']['classes'] == 2 and out['data']['evaluated_classes'] == 2
-  assert out['pairs']['intra_pairs'] == 3 + 15 and out['pairs']['inter_pairs'] == 2 * 3 * 6
+  assert out['estimator']['intra_pairs'] == 3 + 15 and out['estimator']['inter_pairs'] == 2 * 3 * 6
+  with tfds.testing.mock_data(num_examples=9):  # a second run reads features and labels from the cache
+    assert main.run(cfg, str(tmp_path / 'wd3'))['metrics'] == out['metrics']
