@@ -15,6 +15,14 @@ Each jitted method is compiled (timed apart) and then run --repeats times; the m
 Results agree to a printed max |difference| (bfloat16 runs compare against float32 split scores).
 Prints one JSON object (devices, sizes, compile and run times, pairs/s, speed-ups).
 Goal (issue): >= 1e7 pairs/s for architecture B on an H100 (paper: 1.25 ms per pair on a GTX 1080).
+
+  python benchmarks/simnet.py --rmac                 # R-MAC extraction, images/s: ours vs PyTorch, same weights
+  python benchmarks/simnet.py --rmac --rmac_images=64 --rmac_size=1024x768 --rmac_batch=8   # the paper's size (GPU)
+
+--rmac times VGG16 conv5_3 + R-MAC (3 levels, PCA-whitening, 512-d) on random uint8 images of one shape (one
+bucket): ours (rmac.make_regions_fn jitted, then rmac.aggregate) against a PyTorch VGG16 + R-MAC written here with
+the same random weights, the same region grid and the same whitening; prints images/s of both and the max
+|difference| of the descriptors. CPU preset: 4 images of 256x192, batch 2 (full-width VGG16, random weights).
 """
 from __future__ import annotations
 
@@ -94,6 +102,86 @@ def reference_scores(params, q, d, max_pairs):
   return s, time.perf_counter() - t, n_q * len(d), lib
 
 
+RMAC_PRESETS = {'cpu': dict(images=4, size='256x192', batch=2), 'gpu': dict(images=64, size='1024x768', batch=8)}
+
+
+def torch_rmac_reference(variables, white, images, grid, batch):
+  """PyTorch VGG16 conv part (weights copied from the Flax variables) + R-MAC on the same grid and whitening:
+  (descriptors, seconds, library)."""
+  import torch
+  import torch.nn.functional as F
+  from visim_jax.backbones import vgg
+  from visim_jax.preprocess import IMAGENET_MEAN, IMAGENET_STD
+  dev = 'cuda' if torch.cuda.is_available() else 'cpu'
+  layers, idx = [], iter(vgg.CONV_INDICES)
+  for block in vgg.BLOCKS:
+    for width in block:
+      p = variables['params'][f'features_{next(idx)}']
+      conv = torch.nn.Conv2d(p['kernel'].shape[2], width, 3, padding=1)
+      conv.weight.data = torch.from_numpy(np.ascontiguousarray(np.transpose(np.asarray(p['kernel']), (3, 2, 0, 1))))
+      conv.bias.data = torch.from_numpy(np.asarray(p['bias']).copy())
+      layers += [conv, torch.nn.ReLU(inplace=True)]
+    layers.append(torch.nn.MaxPool2d(2, 2))
+  net = torch.nn.Sequential(*layers[:-1]).to(dev).eval()                  # up to relu5_3
+  mean = torch.tensor(IMAGENET_MEAN, device=dev).view(1, 3, 1, 1)
+  std = torch.tensor(IMAGENET_STD, device=dev).view(1, 3, 1, 1)
+  wm, wc, ws = (torch.from_numpy(np.asarray(a).copy()).to(dev) for a in white)
+
+  def run():
+    out = []
+    with torch.no_grad():
+      for i in range(0, len(images), batch):
+        x = torch.from_numpy(images[i:i + batch]).to(dev).permute(0, 3, 1, 2).float()
+        fmap = net((x - mean) / std)
+        regs = torch.stack([fmap[:, :, t:t + sz, l:l + sz].amax(dim=(2, 3)) for _, t, l, sz in grid], 1)
+        regs = F.normalize(regs, dim=-1, eps=1e-12)
+        regs = F.normalize(((regs - wm) @ wc) * ws, dim=-1, eps=1e-12)
+        out.append(F.normalize(regs.sum(1), dim=-1, eps=1e-12))
+      if dev == 'cuda':
+        torch.cuda.synchronize()
+    return torch.cat(out).cpu().numpy()
+  run()  # warm-up
+  t = time.perf_counter()
+  d = run()
+  return d, time.perf_counter() - t, f'torch {torch.__version__} ({dev}, {torch.get_num_threads()} threads)'
+
+
+def rmac_benchmark(preset, args):
+  from visim_jax import rmac
+  from visim_jax.backbones import vgg
+  cfg = dict(RMAC_PRESETS[preset])
+  cfg.update({k: v for k, v in (('images', args.rmac_images), ('size', args.rmac_size), ('batch', args.rmac_batch))
+              if v is not None})
+  w, h = (int(v) for v in cfg['size'].split('x'))
+  b = vgg.vgg16(random_init=0)
+  rng = np.random.RandomState(0)
+  images = rng.randint(0, 256, (cfg['images'], h, w, 3), np.uint8)
+  fn = rmac.make_regions_fn(b, 'conv5_3', 3)
+  white = rmac.learn_whitening(jnp.asarray(rng.rand(2048, 512).astype(np.float32)))
+  variables = jax.device_put(b.variables)
+  aggregate = jax.jit(rmac.aggregate)
+
+  def ours():  # host numpy images in, device descriptors out (numpy conversion outside the timing)
+    return jnp.concatenate([aggregate(fn(variables, images[i:i + cfg['batch']]), white)
+                            for i in range(0, len(images), cfg['batch'])])
+  d, c, t = timed(ours, 1)
+  d = np.asarray(d)
+  fh, fw = h // 16, w // 16
+  grid = rmac.region_grid(fh, fw)
+  result = {'benchmark': 'simnet_rmac_extraction', 'preset': preset, 'devices': [str(x) for x in jax.devices()],
+            'backend': jax.default_backend(), 'jax': jax.__version__,
+            'sizes': {**cfg, 'conv5_3': [fh, fw, 512], 'regions': len(grid), 'weights': 'random (seed 0), full VGG16'},
+            'ours': {'compile_plus_first_s': c, 'run_s': t, 'images_per_s': cfg['images'] / t}}
+  try:
+    dr, tr, lib = torch_rmac_reference(b.variables, white, images, grid, cfg['batch'])
+    result['pytorch'] = {'library': lib, 'run_s': tr, 'images_per_s': cfg['images'] / tr,
+                         'max_abs_diff_descriptors': float(np.abs(dr - d).max())}
+    result['speedup_ours_vs_pytorch'] = tr / t
+  except ImportError:
+    result['pytorch'] = 'torch not installed'
+  print(json.dumps(result, indent=2))
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument('--preset', choices=('auto', 'gpu', 'cpu'), default='auto')
@@ -103,8 +191,14 @@ def main():
   ap.add_argument('--skip_naive', action='store_true', help='do not run the naive concatenation (slow on CPU)')
   ap.add_argument('--reference', action='store_true', help='also time a PyTorch / NumPy concatenation MLP')
   ap.add_argument('--ref_pairs', type=int, default=16384)
+  ap.add_argument('--rmac', action='store_true', help='time R-MAC extraction (VGG16) instead of all-pairs scoring')
+  ap.add_argument('--rmac_images', type=int, default=None)
+  ap.add_argument('--rmac_size', type=str, default=None, help='WIDTHxHEIGHT of the (one-bucket) images')
+  ap.add_argument('--rmac_batch', type=int, default=None)
   args = ap.parse_args()
   preset = args.preset if args.preset != 'auto' else ('cpu' if jax.default_backend() == 'cpu' else 'gpu')
+  if args.rmac:
+    return rmac_benchmark(preset, args)
   cfg = dict(PRESETS[preset])
   cfg.update({k: v for k, v in vars(args).items() if k in cfg and v is not None})
 
