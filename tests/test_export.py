@@ -60,12 +60,15 @@ def test_bad_adapters(tmp_path):
 
 def test_from_training_output_and_checkpoint(tmp_path):
   """run_arrays(train_all output) and the checkpoint converter give the same adapter for each run."""
+  from visim_jax import runtime
   from visim_jax.experiments import adapt
   rng = np.random.RandomState(0)
   z = rng.randn(40, 16).astype(np.float32)
   feats = train.Features(z + 0.2 * rng.randn(40, 16).astype(np.float32), z + 0.2 * rng.randn(40, 16).astype(np.float32))
   hp = train.Hparams(runs=2, pca_dim=6, adapt_dim=10, epochs=4, seed=1)
-  out = adapt.train_all(hp, feats, str(tmp_path / 'wd' / 'checkpoints'), checkpoint_every=2, progress=False)
+  fp = runtime.fingerprint(hp.__dict__, feats)
+  with runtime.Run(str(tmp_path / 'wd'), {'hparams': hp.__dict__}, fp, progress=False) as run:  # wd/checkpoints
+    out = adapt.train_all(hp, feats, run, checkpoint_every=2, progress=False)
   for run in (0, 1):
     path = export.from_workdir(str(tmp_path / 'wd'), run=run, out=str(tmp_path / f'r{run}.npz'))
     ad = export.load_adapter(path)
