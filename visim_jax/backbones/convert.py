@@ -41,6 +41,9 @@ FAMILIES: dict[str, str] = {
     'visim_jax.backbones.bit': 'prepare_state_dict',
     'visim_jax.backbones.alexnet': 'prepare_state_dict',
     'visim_jax.backbones.clip_resnet': 'visim_jax.backbones.convert_clip:prepare_state_dict',
+    'visim_jax.backbones.vit': 'prepare_state_dict',
+    'visim_jax.backbones.efficientnet': 'prepare_state_dict',
+    'visim_jax.backbones.inception_resnet_v1': 'prepare_state_dict',
 }
 
 

@@ -39,8 +39,9 @@ def _bn(name):
   return nn.BatchNorm(use_running_average=True, epsilon=1e-3, name=name)
 
 
-def depthwise_conv(x: jax.Array, kernel: jax.Array, stride: int, impl: str = 'auto') -> jax.Array:
-  """Depthwise k x k convolution with TF 'SAME' padding; kernel (k, k, 1, C) as flax's grouped nn.Conv.
+def depthwise_conv(x: jax.Array, kernel: jax.Array, stride: int, impl: str = 'auto', padding='SAME') -> jax.Array:
+  """Depthwise k x k convolution with TF 'SAME' padding (or explicit ((top, bottom), (left, right)) padding, as
+  PyTorch's symmetric k // 2); kernel (k, k, 1, C) as flax's grouped nn.Conv.
 
   impl 'conv' is XLA's grouped convolution (cuDNN on GPUs); 'shifted' sums k*k strided shifted slices times
   per-channel weights, which XLA's CPU backend runs 5-25x faster than its grouped convolution (measured on
@@ -49,14 +50,17 @@ def depthwise_conv(x: jax.Array, kernel: jax.Array, stride: int, impl: str = 'au
   if impl == 'auto':
     impl = 'shifted' if jax.default_backend() == 'cpu' else 'conv'
   if impl == 'conv':
-    return jax.lax.conv_general_dilated(x, kernel.astype(x.dtype), (stride, stride), 'SAME',
+    return jax.lax.conv_general_dilated(x, kernel.astype(x.dtype), (stride, stride), padding,
                                         dimension_numbers=('NHWC', 'HWIO', 'NHWC'),
                                         feature_group_count=x.shape[-1])
   k = kernel.shape[0]
   _, h, w, _ = x.shape
-  oh, ow = -(-h // stride), -(-w // stride)
-  ph, pw = max((oh - 1) * stride + k - h, 0), max((ow - 1) * stride + k - w, 0)
-  xp = jnp.pad(x, ((0, 0), (ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2), (0, 0)))
+  if padding == 'SAME':
+    oh, ow = -(-h // stride), -(-w // stride)
+    ph, pw = max((oh - 1) * stride + k - h, 0), max((ow - 1) * stride + k - w, 0)
+    padding = ((ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2))
+  xp = jnp.pad(x, ((0, 0), tuple(padding[0]), tuple(padding[1]), (0, 0)))
+  oh, ow = (xp.shape[1] - k) // stride + 1, (xp.shape[2] - k) // stride + 1
   out = None
   for i in range(k):
     for j in range(k):
@@ -70,12 +74,13 @@ class DepthwiseConv(nn.Module):
   kernel_size: int
   stride: int
   impl: str = 'auto'
+  padding: Any = 'SAME'  # or ((top, bottom), (left, right))
 
   @nn.compact
   def __call__(self, x):
     c = x.shape[-1]
     kernel = self.param('kernel', nn.initializers.lecun_normal(), (self.kernel_size, self.kernel_size, 1, c))
-    return depthwise_conv(x, kernel, self.stride, self.impl)
+    return depthwise_conv(x, kernel, self.stride, self.impl, self.padding)
 
 
 class MBConv(nn.Module):
