@@ -59,10 +59,11 @@ def image_folder(root: str, extensions: Sequence[str] = images_lib.IMAGE_EXTENSI
   return LabelledImages(paths, np.asarray(labels, np.int64), classes, empty)
 
 
-def demo_labelled(root: str | None = None, n_pairs: int = 192, seed: int = 0) -> LabelledImages:
+def demo_labelled(root: str | None = None, n_pairs: int = 192, seed: int = 0,
+                  cache_dir: str | None = None) -> LabelledImages:
   """The offline demo set as a labelled set: left and right image of each pair, labelled by its source photo."""
   from visim_jax.data import demo as demo_lib
-  folder = demo_lib.demo_pairs(root, n_pairs, seed)
+  folder = demo_lib.demo_pairs(root, n_pairs, seed, cache_dir)
   by_name = demo_lib.demo_classes(folder)
   classes = sorted(set(by_name.values()))
   cid = {c: i for i, c in enumerate(classes)}

@@ -71,7 +71,8 @@ def load_data(config, progress: bool = True):
                                      loader=data.load_batch, source_id=data.source_id)
     return feats, data.labels(features_lib.cache_dir(config)), data.class_names, dict(desc, **data.source_id)
   if config.dataset == 'demo':
-    data, tag = classes_lib.demo_labelled(config.demo.root or None, config.demo.n_pairs, config.demo.seed), 'demo-classes'
+    data, tag = classes_lib.demo_labelled(config.demo.root or None, config.demo.n_pairs, config.demo.seed,
+                                          config.get('cache_dir') or None), 'demo-classes'
   else:
     data = classes_lib.image_folder(config.data_dir)
     tag = 'classes-' + os.path.basename(os.path.normpath(config.data_dir))
