@@ -244,7 +244,9 @@ def variable_shapes(arch: Arch) -> dict:
 def prepare_state_dict(name: str, sd: dict, where: str, tiny: bool = False) -> tuple[dict, dict]:
   """A raw gen-efficientnet / timm checkpoint -> (tensors to store: its names, float32, no classifier; sidecar
   info). Drops 'module.' prefixes, `classifier.*` and `num_batches_tracked`; fails, naming the file, unless the
-  rest fits NAME's architecture exactly (a tf_efficientnet_* or B0 file for B3 does not)."""
+  rest fits NAME's architecture exactly (a B0 file for B3 does not). timm's `tf_efficientnet_bN` ports have the
+  same keys and shapes but need TF 'SAME' padding and BatchNorm eps 1e-3: they cannot be told apart here, so
+  convert the gen-efficientnet / timm `efficientnet_bN` file the seed code used."""
   arch = _arch(name, tiny)
   out = {}
   for k, v in sd.items():
