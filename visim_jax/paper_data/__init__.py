@@ -1,0 +1,39 @@
+"""Published numbers the experiments print beside ours, as package data with their source.
+
+table1.csv: paper 001 (Risser-Maroix et al., "Learning an adaptation function to assess image visual
+similarities", arXiv 2206.01417), annex, Table 1: 37 frozen backbones on TLL_obj, 20 runs. Every cell
+equals the same table printed in the ORASIS 2021 version (paper 000), which we follow for the one cell the
+arXiv text garbles: resnet18 / resnet34 'Concatenated Size' 960 (arXiv text: '096'; 64+128+256+512). Columns:
+  name                 our registry name (Table 1's lower case, '-' -> '_', ss1/sws1/ws1 -> ssl/swsl/wsl,
+                       clip_vit32_b -> clip_vit_b32); paper_name as printed (clip_rm* read as clip_rn*)
+  last_layer_only      1 for the rows marked '*' (only one of the last layers pooled)
+  concatenated_size    length of the concatenated pooled vector
+  pca_variance_sum     explained variance ratio kept by the 256 PCA components
+  concatenated_score   aR@1 of cosine on the concatenated vectors (+- concatenated_std over runs)
+  pca_score            aR@1 of cosine on the 256-d PCA vectors (no std printed)
+  ar1_sigma1/15        aR@1 after adaptation at sigma = 1 / 15 (+- *_std: one standard deviation over runs)
+"""
+from __future__ import annotations
+
+import csv
+import functools
+import importlib.resources
+
+SOURCE = 'paper 001 (arXiv 2206.01417) annex Table 1 = paper 000 (ORASIS 2021) annex A Table 1'
+_TEXT = ('name', 'paper_name', 'learning_type', 'dataset')
+_INT = ('last_layer_only', 'concatenated_size')
+
+
+@functools.lru_cache(maxsize=None)
+def _table1() -> tuple[tuple[str, dict], ...]:
+  text = importlib.resources.files(__name__).joinpath('table1.csv').read_text()
+  rows = []
+  for row in csv.DictReader(text.splitlines()):
+    typed = {k: (v if k in _TEXT else int(v) if k in _INT else float(v)) for k, v in row.items()}
+    rows.append((typed['name'], typed))
+  return tuple(rows)
+
+
+def table1() -> dict[str, dict]:
+  """Table 1's rows in the paper's order, keyed by our backbone name (a fresh copy)."""
+  return {name: dict(row) for name, row in _table1()}
