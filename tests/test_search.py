@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from visim_jax import export, search, train
+from visim_jax.data import pairs as pairs_lib
 from visim_jax.errors import UserError
 from visim_jax.search import topk
 
@@ -118,7 +119,10 @@ def test_cli_adapter_ranks_partners_higher(pairs96, lite0, tmp_path):
   common = dict(k=5, cache_dir=cache, progress=False, verbose=False, sheet_queries=4)
   raw = search.run(folder, ['all'], out=str(tmp_path / 'raw'), **common)
   # train an adapter on half of the pairs (the features come from the cache the CLI just wrote)
-  left, right, names, _, _ = search.pairs_features(lite0, folder, cache, progress=False)
+  pairs = pairs_lib.load_pairs(folder)  # the CLI's cache entries: tags left/right, names relative to the side
+  right, _ = search.features_of(lite0, pairs.right, os.path.join(folder, 'right'), cache, tag='right', progress=False)
+  left, _ = search.features_of(lite0, pairs.left, os.path.join(folder, 'left'), cache, tag='left', progress=False)
+  names = list(pairs.names)
   assert left.shape == (96, 1776)
   hp = train.Hparams(runs=1, train_fraction=0.5, pca_dim=64, adapt_dim=256, epochs=60, sigma=15.0, lr=1e-3)
   out = adapt.train_all(hp, train.Features(left, right), None, 60, progress=False)

@@ -64,7 +64,7 @@ def apply_adapter(adapter: Adapter, feats) -> jax.Array:
   return adapt_arrays(adapter.mean, adapter.components, adapter.scale, adapter.w, feats)
 
 
-def check_arrays(mean, components, scale, w, source: str = 'adapter') -> tuple[np.ndarray, ...]:
+def _check_arrays(mean, components, scale, w, source: str = 'adapter') -> tuple[np.ndarray, ...]:
   """float32 numpy copies, after checking the shapes chain and the values are finite (errors name `source`)."""
   arrs = [np.asarray(a, np.float32) for a in (mean, components, scale, w)]
   mean, components, scale, w = arrs
@@ -85,7 +85,7 @@ def check_arrays(mean, components, scale, w, source: str = 'adapter') -> tuple[n
   return mean, components, scale, w
 
 
-def check_meta(meta: Mapping[str, Any], source: str = 'adapter') -> dict:
+def _check_meta(meta: Mapping[str, Any], source: str = 'adapter') -> dict:
   if not isinstance(meta, Mapping):
     raise UserError(f'{source}: meta must be a dict, got {type(meta).__name__}')
   missing = [k for k in META_KEYS if k not in meta]
@@ -99,8 +99,8 @@ def check_meta(meta: Mapping[str, Any], source: str = 'adapter') -> dict:
 
 def save_adapter(path: str, pca_mean, pca_components, pca_scale, w, meta: Mapping[str, Any]) -> str:
   """Writes one run's adapter as a single .npz (atomically); returns the path."""
-  mean, comps, scale, w = check_arrays(pca_mean, pca_components, pca_scale, w, source=path)
-  meta = check_meta(meta, source=path)
+  mean, comps, scale, w = _check_arrays(pca_mean, pca_components, pca_scale, w, source=path)
+  meta = _check_meta(meta, source=path)
   meta = {**meta, 'adapter_version': ADAPTER_VERSION}
   ops.save_npz_atomic(path, pca_mean=mean, pca_components=comps, pca_scale=scale, w=w,
                   meta=np.asarray(json.dumps(meta, sort_keys=True)))
@@ -121,8 +121,8 @@ def load_adapter(path: str) -> Adapter:
     raise
   except Exception as e:  # zip errors, truncation, bad JSON
     raise UserError(f'{path}: unreadable adapter file ({type(e).__name__}: {e})') from None
-  mean, comps, scale, w = check_arrays(*arrays, source=path)
-  return Adapter(mean, comps, scale, w, check_meta(meta, source=path))
+  mean, comps, scale, w = _check_arrays(*arrays, source=path)
+  return Adapter(mean, comps, scale, w, _check_meta(meta, source=path))
 
 
 def run_arrays(out: Mapping[str, Any], run: int = 0) -> dict[str, np.ndarray]:

@@ -17,8 +17,7 @@ vectors relu(((x - mean) @ components * scale) @ w) (visim_jax/export.py). One f
 Outputs in --out: results.json (schema in docs/search.md), topk.npz (scores, indices, names), sheet.png and
 sheet.html.
 """
-from visim_jax.search.folder import features_of, is_pairs_folder, pairs_features, run
+from visim_jax.search.folder import features_of, run
 from visim_jax.search.index import Index, build_index, partner_ranks, rank_metrics, search
 
-__all__ = ['Index', 'build_index', 'features_of', 'is_pairs_folder', 'pairs_features', 'partner_ranks',
-           'rank_metrics', 'run', 'search']
+__all__ = ['Index', 'build_index', 'features_of', 'partner_ranks', 'rank_metrics', 'run', 'search']

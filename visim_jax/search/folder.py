@@ -35,7 +35,7 @@ def cache_dir_of(value: str | None) -> str | None:
   return None if value.lower() == 'none' else value
 
 
-def is_pairs_folder(folder: str) -> bool:
+def _is_pairs_folder(folder: str) -> bool:
   return os.path.isdir(os.path.join(folder, 'left')) and os.path.isdir(os.path.join(folder, 'right'))
 
 
@@ -70,17 +70,6 @@ def features_of(backbone, paths: Sequence[str], root: str | None, cache_dir: str
   if not kept:
     raise UserError(f'{bad[0][0]}: none of the {len(paths)} images ({tag}) can be decoded: {bad[0][1]}')
   return extract(kept), kept
-
-
-def pairs_features(backbone, folder: str, cache_dir: str | None, layers=None, batch_size: int = 32,
-                   dtype: str = 'float32', progress: bool = True):
-  """(left (N, D), right (N, D), names, left paths, right paths) of a pairs folder, as the CLI computes them."""
-  from visim_jax.data import pairs as pairs_lib
-  pairs = pairs_lib.load_pairs(folder)
-  kw = dict(cache_dir=cache_dir, layers=layers, batch_size=batch_size, dtype=dtype, progress=progress)
-  right, _ = features_of(backbone, pairs.right, os.path.join(folder, 'right'), tag='right', **kw)
-  left, _ = features_of(backbone, pairs.left, os.path.join(folder, 'left'), tag='left', **kw)
-  return left, right, list(pairs.names), list(pairs.left), list(pairs.right)
 
 
 def _expand_queries(items: Sequence[str]) -> list[str]:
@@ -127,7 +116,7 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
     raise UserError(str(e).replace('config.layers', '--layers')) from None
   if ad is not None:
     export.check_backbone(ad, bb, layer_list, adapter)
-  pairs_mode = is_pairs_folder(folder)
+  pairs_mode = _is_pairs_folder(folder)
   all_mode = query == ['all']
   skipped: list[dict] = []
   fkw = dict(cache_dir=cache_dir, layers=layer_list, batch_size=batch_size, dtype=dtype, progress=progress,
