@@ -97,3 +97,15 @@ def test_tfds_mock_source(tmp_path):
   assert [b[0].shape for b in batches] == [(2, 32, 32, 3), (2, 32, 32, 3), (1, 32, 32, 3)]
   assert all(b[0].dtype == np.uint8 for b in batches)
   assert np.concatenate([b[1] for b in batches]).shape == (5,)
+
+
+def test_load_source_stats(tmp_path):
+  p = str(tmp_path / 'stats.npz')
+  np.savez(p, mean=np.zeros(3), std=np.ones(3))
+  mean, std = classes.load_source_stats(p, 3)
+  assert mean.dtype == np.float32 and std.tolist() == [1, 1, 1]
+  with pytest.raises(UserError, match=r'config.source_stats: .*stats.npz: mean/std shapes \(3,\)/\(3,\), features have dim 4'):
+    classes.load_source_stats(p, 4)
+  np.savez(p, mean=np.zeros(3))
+  with pytest.raises(ValueError, match='std'):
+    classes.load_source_stats(p, 3)

@@ -8,7 +8,7 @@ Sources:
                           tfds_batches() decodes and resizes its images for a backbone; TfdsImages is the
                           same as item names + a batch loader for the feature cache (labels recorded as read).
   load_feature_file(path) precomputed features: an .npz with `features` (N, D), `labels` (N,) ints and,
-                          optionally, `class_names` (C,) strings.
+                          optionally, `class_names` (C,) strings; load_source_stats(path) a `mean`/`std` .npz.
   read_class_tree(path)   a class hierarchy as a parent -> children text file (e.g. WordNet ids for ImageNet);
                           DEMO_TREE a small tree over the demo set's source photos.
 
@@ -182,6 +182,15 @@ def load_feature_file(path: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
   if len(bad):
     raise UserError(f'{path}: {len(bad)} feature rows hold NaN/Inf (first rows: {bad[:5].tolist()})')
   return feats.astype(np.float32), labels.astype(np.int64), names
+
+
+def load_source_stats(path: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
+  """(mean, std) float32 (dim,) of an .npz with `mean` and `std` (the 'source' standardisation of paper 003)."""
+  z = npz.read_arrays(path, ('mean', 'std'), field='config.source_stats')
+  mean, std = np.asarray(z['mean'], np.float32), np.asarray(z['std'], np.float32)
+  if mean.shape != (dim,) or std.shape != (dim,):
+    raise UserError(f'config.source_stats: {path}: mean/std shapes {mean.shape}/{std.shape}, features have dim {dim}')
+  return mean, std
 
 
 # ------------------------------------------------------------------------------------------- class tree

@@ -82,15 +82,6 @@ def load_data(config, progress: bool = True):
                                                     empty_class_folders=data.empty_classes)
 
 
-def load_source_stats(path: str, dim: int):
-  from visim_jax.data import npz
-  z = npz.read_arrays(path, ('mean', 'std'))
-  mean, std = np.asarray(z['mean'], np.float32), np.asarray(z['std'], np.float32)
-  if mean.shape != (dim,) or std.shape != (dim,):
-    raise UserError(f'config.source_stats: {path}: mean/std shapes {mean.shape}/{std.shape}, features have dim {dim}')
-  return mean, std
-
-
 def scalars(m: dict) -> dict:
   return {k: (float(m[k]) if np.isfinite(m[k]) else None) for k in SCALARS}
 
@@ -153,7 +144,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   if len(labels) and labels.max() >= len(names):
     raise UserError(f'{source}: label {int(labels.max())} but only {len(names)} class names')
   num_classes = len(names)
-  mean_std = load_source_stats(config.source_stats, feats.shape[1]) if config.normalization == 'source' else (None,) * 2
+  mean_std = ((None, None) if config.normalization != 'source'
+              else classes_lib.load_source_stats(config.source_stats, feats.shape[1]))
   t_feat, t0 = time.time() - t0, time.time()
 
   x = H.prepare(jnp.asarray(feats), config.normalization, *mean_std)
