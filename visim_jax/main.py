@@ -18,7 +18,8 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to an ml_collections config file.',
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Output folder (metrics.json, plots, checkpoints).')
-_LIST = flags.DEFINE_bool('list_backbones', False, 'Print the backbone names and exit.')
+_LIST = flags.DEFINE_bool('list_backbones', False, 'Print each backbone name, its default feature size (by '
+                          'jax.eval_shape, no weights) and description, and exit.')
 
 EXPERIMENTS = ('adapt', 'simnet', 'histograms', 'twoafc')
 
@@ -36,9 +37,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   if _LIST.value:
-    from visim_jax.backbones import list_backbones
+    from visim_jax.backbones import list_backbones, registry
     for name, desc in list_backbones().items():
-      print(f'{name:24s} {desc}')
+      print(f'{name:24s} {registry.pooled_dim(name):6d}  {desc}', flush=True)
     return
   if _CONFIG.value is None:
     raise app.UsageError('--config=configs/NAME.py is required (try configs/demo.py)')

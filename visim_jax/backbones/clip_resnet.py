@@ -18,7 +18,7 @@ image embedding).
 
 Weights: a safetensors (or npz) file of the visual tower in PyTorch names and layouts (`conv1.weight`,
 `layer1.0.downsample.0.weight`, `attnpool.q_proj.weight`, ...; a leading `visual.` is accepted), written once by
-`python -m visim_jax.backbones.convert_clip` from an OpenAI or open_clip checkpoint; its sha256 is checked against the
+`python -m visim_jax.backbones.convert --backbone=NAME --checkpoint=FILE` from an OpenAI or open_clip checkpoint; its sha256 is checked against the
 sidecar JSON (`<file>.json`) when present. Nothing is unpickled here. Default file:
 `$VISIM_JAX_WEIGHTS/<name>.safetensors` (see weights.py).
 """
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import re
 from typing import Sequence
@@ -37,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from visim_jax.backbones import weights as weights_lib
-from visim_jax.backbones.base import Backbone, sha256_file
+from visim_jax.backbones.base import Backbone
 from visim_jax.preprocess import Preprocess
 
 CLIP_MEAN = tuple(255.0 * v for v in (0.48145466, 0.4578275, 0.40821073))
@@ -215,29 +214,9 @@ def convert_state_dict(sd: dict, where: str = 'weights') -> dict:
   return {'params': params, 'batch_stats': stats}
 
 
-def read_weights(path: str) -> dict[str, np.ndarray]:
-  """{name: array} from .safetensors or .npz (no pickle)."""
-  if path.endswith('.safetensors'):
-    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-    return load_file(path)
-  if path.endswith('.npz'):
-    with np.load(path, allow_pickle=False) as z:
-      return {k: z[k] for k in z.files}
-  raise ValueError(f'{path}: expected a .safetensors or .npz file (convert checkpoints once with '
-                   '`python -m visim_jax.backbones.convert_clip --input CKPT --output OUT.safetensors`)')
-
-
-def check_sidecar(path: str) -> str:
-  """sha256 of `path`; must equal the one recorded in `<path>.json` when that sidecar exists."""
-  digest = sha256_file(path)
-  sidecar = path + '.json'
-  if os.path.exists(sidecar):
-    with open(sidecar) as f:
-      recorded = json.load(f).get('sha256')
-    if recorded and recorded != digest:
-      raise ValueError(f'{path}: sha256 {digest} differs from the one recorded in {sidecar} ({recorded}): the file '
-                       'is corrupt or was replaced; convert it again')
-  return digest
+# one copy of each: the readers every converted-weights family uses (weights.py)
+read_weights = weights_lib.read_tensors
+check_sidecar = weights_lib.check_sidecar
 
 
 def _module_shapes(arch: Arch):
@@ -250,7 +229,7 @@ def load_variables(path: str, want: Arch, name: str) -> tuple[dict, str]:
   if not os.path.isfile(path):
     raise FileNotFoundError(
         f'{name}: weights file {path} not found. Convert an OpenAI/open_clip checkpoint once: '
-        f'`python -m visim_jax.backbones.convert_clip --input RN50.pt --output {path}` (default location '
+        f'`python -m visim_jax.backbones.convert --backbone={name} --checkpoint=RN50.pt --out={path}` (default location '
         f'{weights_lib.default_location(name)}.safetensors; set VISIM_JAX_WEIGHTS to move it), or pass '
         'weights=/path/to/file.safetensors; for tests use tiny=True or random_init=SEED')
   digest = check_sidecar(path)

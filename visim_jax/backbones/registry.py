@@ -29,7 +29,7 @@ _REGISTRY: dict[str, tuple[str, str, bool]] = {
               'VGG16 ImageNet-1k (torchvision keys), conv stages conv1_2..conv5_3 + pool5 (512-d R-MAC: paper 002)', False),
 }
 
-# CLIP ModifiedResNet image towers (visim_jax/backbones/clip_resnet.py; weights converted once by convert_clip.py)
+# CLIP ModifiedResNet image towers (visim_jax/backbones/clip_resnet.py; weights converted once by backbones/convert.py)
 _CLIP_RN = {
     'clip_rn50': 'CLIP RN50 image tower (OpenAI), stages 256+512+1024+2048 + attention pool 1024',
     'clip_rn101': 'CLIP RN101 image tower (OpenAI), stages 256+512+1024+2048 + attention pool 512',
@@ -146,13 +146,18 @@ def target(name: str) -> str:
 
 
 def pooled_dim(name: str) -> int:
-  """Length of NAME's default feature vector (its default layers' channels summed), by jax.eval_shape: no
-  weights are read or made for families that take `abstract=True` (others are built with random weights)."""
+  """Length of NAME's default feature vector (its default layers' channels summed), by jax.eval_shape: no weights
+  are read or made (families that take `abstract=True` build none; the others are built with random_init under
+  weights.shapes_only(), which makes their variables shapes, passed to eval_shape as an argument)."""
+  from visim_jax.backbones import weights as weights_lib  # pylint: disable=g-import-not-at-top
   factory = resolve(name)
-  abstract = 'abstract' in inspect.signature(factory).parameters
-  b = factory(abstract=True) if abstract else factory(random_init=0)
+  if 'abstract' in inspect.signature(factory).parameters:
+    b = factory(abstract=True)
+  else:
+    with weights_lib.shapes_only():
+      b = factory(random_init=0)
   x = jax.ShapeDtypeStruct((1, b.preprocess.size, b.preprocess.size, 3), jnp.uint8)
-  _, stages = jax.eval_shape(b.__call__, x)
+  _, stages = jax.eval_shape(lambda v, x: b.apply_fn(v, b.preprocess.normalise(x)), b.variables, x)
   return sum(int(stages[l].shape[-1]) for l in b.layers)
 
 

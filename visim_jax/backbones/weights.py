@@ -92,6 +92,20 @@ def resolve_hf_folder(name: str, hub_id: str, weights: str | None) -> str:
       f'(tried: {"; ".join(errors)})')
 
 
+_SHAPES_ONLY = [False]
+
+
+class shapes_only:  # pylint: disable=invalid-name
+  """Within `with shapes_only():`, random_variables returns the jax.ShapeDtypeStruct tree instead of arrays (size
+  look-ups such as registry.pooled_dim build any family at full size without making its weights)."""
+
+  def __enter__(self):
+    self._prev, _SHAPES_ONLY[0] = _SHAPES_ONLY[0], True
+
+  def __exit__(self, *exc):
+    _SHAPES_ONLY[0] = self._prev
+
+
 def random_variables(init_fn, seed: int) -> dict:
   """Random weights for the variable tree `init_fn(key)` would build, without compiling the init.
 
@@ -99,6 +113,8 @@ def random_variables(init_fn, seed: int) -> dict:
   norm scales 1, BatchNorm statistics (mean 0, var 1). Good for tests and timing, not for features.
   """
   from flax.traverse_util import flatten_dict, unflatten_dict  # pylint: disable=g-import-not-at-top
+  if _SHAPES_ONLY[0]:
+    return dict(jax.eval_shape(init_fn, jax.random.PRNGKey(0)))
   shapes = flatten_dict(jax.tree.map(lambda a: a, dict(jax.eval_shape(init_fn, jax.random.PRNGKey(0)))))
   rng = np.random.default_rng(seed)
   out = {}
