@@ -137,3 +137,16 @@ def test_bad_files_are_named_and_listed(tmp_path):
   with pytest.raises(images.ImageError, match='text.png'):
     images.open_rgb(paths[1])
   assert issubclass(images.ImageError, ValueError)
+
+
+def test_arrays_follow_the_same_rules():
+  np.testing.assert_array_equal(np.asarray(images.from_array(np.array([[0, 256, 65535]], np.uint16))),
+                                grey3([[0, 1, 255]]))
+  np.testing.assert_array_equal(np.asarray(images.from_array(np.array([[[0.25], [2.0]]], np.float32))),
+                                grey3([[64, 255]]))
+  px = np.array([[[200, 10, 60, 0], [10, 100, 250, 128]]], np.uint8)
+  np.testing.assert_array_equal(np.asarray(images.from_array(px)), on_white(px[..., :3], px[..., 3:]))
+  rgb8 = np.random.RandomState(0).randint(0, 256, (4, 5, 3)).astype(np.uint8)
+  np.testing.assert_array_equal(np.asarray(images.from_array(rgb8)), rgb8)
+  with pytest.raises(ValueError, match='image array'):
+    images.from_array(np.zeros((4, 5, 2), np.uint8))

@@ -21,7 +21,6 @@ import threading
 from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
-from PIL import Image
 
 from visim_jax import ops
 from visim_jax.data import images as images_lib
@@ -94,15 +93,6 @@ def tfds_source(name: str, split: str, data_dir: str | None = None, label_key: s
   return source, names
 
 
-def _to_rgb(arr: np.ndarray) -> Image.Image:
-  arr = np.asarray(arr)
-  if arr.ndim == 3 and arr.shape[-1] == 1:
-    arr = arr[..., 0]
-  if arr.dtype != np.uint8:
-    arr = np.clip(arr, 0, 255).astype(np.uint8)
-  return Image.fromarray(arr).convert('RGB')
-
-
 def tfds_batches(source, pre, batch_size: int, indices: Sequence[int], image_key: str = 'image',
                  label_key: str = 'label') -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """(uint8 (B, size, size, 3) images resized for `pre`, (B,) labels) over source[indices], in order."""
@@ -112,7 +102,7 @@ def tfds_batches(source, pre, batch_size: int, indices: Sequence[int], image_key
       ex = source[int(i)]
       if image_key not in ex:
         raise UserError(f'config.tfds.image_key: example {i} has no {image_key!r} (has {sorted(ex)})')
-      imgs.append(images_lib.resize(_to_rgb(ex[image_key]), pre))
+      imgs.append(images_lib.resize(images_lib.from_array(ex[image_key]), pre))
       labs.append(int(ex[label_key]))
     yield np.stack(imgs), np.asarray(labs, np.int64)
 

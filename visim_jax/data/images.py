@@ -85,6 +85,26 @@ def to_rgb(im: Image.Image, alpha: str = 'white', float_max: float = 1.0) -> Ima
   return Image.fromarray(_on_white(v[..., :3], v[..., 3]), 'RGB')
 
 
+def from_array(arr, alpha: str = 'white', float_max: float = 1.0) -> Image.Image:
+  """An image array (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) (e.g. a TFDS example) -> 8-bit RGB by the same
+  rules: uint8 as is, uint16 >> 8, other integers on the 16-bit scale, floats on [0, float_max], 4 channels
+  = RGBA."""
+  arr = np.asarray(arr)
+  if arr.ndim == 3 and arr.shape[-1] == 1:
+    arr = arr[..., 0]
+  if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[-1] not in (3, 4)):
+    raise UserError(f'image array: expected (H, W), (H, W, 1), (H, W, 3) or (H, W, 4), got shape {arr.shape}')
+  if arr.dtype == np.bool_:
+    arr = arr.astype(np.uint8) * 255
+  elif np.issubdtype(arr.dtype, np.floating):
+    v = np.nan_to_num(arr.astype(np.float64), nan=0.0, posinf=float_max, neginf=0.0)
+    arr = np.rint(np.clip(v / float_max, 0.0, 1.0) * 255.0).astype(np.uint8)
+  elif arr.dtype != np.uint8:
+    arr = (np.clip(arr.astype(np.int64), 0, 65535) >> 8).astype(np.uint8)
+  mode = 'L' if arr.ndim == 2 else {3: 'RGB', 4: 'RGBA'}[arr.shape[-1]]
+  return to_rgb(Image.fromarray(np.ascontiguousarray(arr), mode), alpha)
+
+
 def open_rgb(path: str | os.PathLike, alpha: str = 'white', exif: str = 'all',
              float_max: float = 1.0) -> Image.Image:
   """Opens and fully decodes an image as 8-bit RGB (EXIF orientation applied, see the module's rules);
