@@ -277,3 +277,18 @@ def test_cli_user_errors_are_one_line(tmp_path):
   r = _cli('visim_jax.classify', str(tmp_path / 'missing.jpg'), '--strict')
   assert r.returncode == 1 and r.stderr.strip().splitlines() == [f'error: {tmp_path / "missing.jpg"}: image file not found']
   assert 'Traceback' not in r.stderr
+
+
+def test_classify_skips_and_lists_bad_images_or_strict(lite0, tmp_path):
+  from visim_jax import classify
+  from visim_jax.data import demo
+  photos = demo.source_images()
+  for name in ('chelsea', 'coffee'):
+    photos[name].save(tmp_path / f'{name}.png')
+  bad = _bad_images(tmp_path)
+  out = classify.classify(lite0, [str(tmp_path)], top=3)
+  assert [os.path.basename(r['image']) for r in out['images']] == ['chelsea.png', 'coffee.png']
+  assert 'cat' in out['images'][0]['classes'][0]['label'] and len(out['images'][0]['classes']) == 3
+  assert out['skipped']['count'] == 2 and [os.path.basename(s['path']) for s in out['skipped']['images']] == bad
+  with pytest.raises(UserError, match='aaa_text.png: not an image'):
+    classify.classify(lite0, [str(tmp_path)], strict=True)

@@ -28,11 +28,12 @@ def top_classes(backbone, arrays: Sequence[np.ndarray], top: int = 5) -> list[li
   return [[(backbone.labels[i], float(p[i])) for i in np.argsort(-p)[:top]] for p in probs]
 
 
-def classify(backbone_name: str, paths: Sequence[str], top: int = 5, demo: bool = False, strict: bool = False,
+def classify(backbone, paths: Sequence[str], top: int = 5, demo: bool = False, strict: bool = False,
              batch_size: int = 32) -> dict:
   """{'images': [{'image', 'classes': [{'label', 'p'}]}], 'skipped': {'count', 'images': [{'path', 'reason'}]}}.
 
-  paths: image files or folders (their images); undecodable images are skipped and listed unless strict.
+  backbone: a name or a Backbone; paths: image files or folders (their images); undecodable images are
+  skipped and listed unless strict.
   """
   from visim_jax.backbones import get_backbone
   if top < 1:
@@ -42,7 +43,7 @@ def classify(backbone_name: str, paths: Sequence[str], top: int = 5, demo: bool 
     files.extend(images_lib.list_images(p) if os.path.isdir(p) else [p])
   if not files and not demo:
     raise UserError('classify: give image files or folders, or --demo')
-  backbone = get_backbone(backbone_name)
+  backbone = get_backbone(backbone) if isinstance(backbone, str) else backbone
   items, skipped = [], []
   if demo:
     from visim_jax.data import demo as demo_lib
