@@ -4,7 +4,8 @@ r"""Look-alike search: our jitted blocked exact top-k (database sharded over the
   python benchmarks/search.py --preset=gpu                  # 4M x 1024 index (adapted dim), 1,024 queries
   python benchmarks/search.py --n=1000000 --dim=1024 --queries=512 --index_dtype=bfloat16
 
-Reference: what a user writes with NumPy: normalise, one matmul per query chunk, np.argpartition + argsort
+Ours: visim_jax.search (build_index + search: each device scans its shard with visim_jax.ops.running_topk, the
+package's one running top-k, then the shard candidates are merged). Reference: what a user writes with NumPy: normalise, one matmul per query chunk, np.argpartition + argsort
 of the top k (float32, all CPU threads). Both return the same indices (checked on the first query chunk up to
 ties). Our number excludes compilation (reported apart) and the one-off index upload. Prints one JSON object.
 """

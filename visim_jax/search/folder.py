@@ -104,7 +104,7 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
   """Indexes `folder`, answers `query` (paths, or ['all']); writes results.json, topk.npz and sheets in `out`."""
   from visim_jax.backbones import get_backbone
   t0 = time.time()
-  query = list(query or [])
+  query = [query] if isinstance(query, str) else list(query or [])
   _check_args(folder, query, k, formats)
   ad = export.load_adapter(adapter) if adapter else None
   bb = get_backbone(backbone or (ad.meta.get('backbone') if ad else None) or 'efficientnet_lite0')
