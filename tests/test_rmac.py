@@ -169,3 +169,27 @@ def test_cache_and_whitening_sources(tmp_path, monkeypatch):
     rmac.load_whitening(b, rmac.Options(whiten_on=str(tmp_path / 'few.npz')), None, features.file_list_hash)
   with pytest.raises(UserError, match='config.rmac.levels'):
     rmac.Options(levels=0)
+
+
+def test_pooling_rmac_through_the_features_glue(tmp_path):
+  """backbone=vgg16, pooling=rmac: every experiment's features_of gives R-MAC descriptors (tiny VGG: 16-d)."""
+  import ml_collections
+  from visim_jax import features
+  from visim_jax.errors import UserError
+  c = features.add_fields(ml_collections.ConfigDict())
+  c.backbone, c.backbone_kwargs.tiny, c.pooling = 'vgg16', True, 'rmac'
+  c.cache_dir, c.rmac.max_side = str(tmp_path / 'cache'), 64
+  paths = _images(tmp_path / 'im', [(64, 48), (48, 64)])
+  b, layers = features.build(c)
+  assert layers == ('conv5_3',)
+  x = features.features_of(c, b, layers, paths, progress=False)
+  np.testing.assert_allclose(x, rmac.describe_images(b, paths, rmac.Options(max_side=64), None,
+                                                     features.file_list_hash, progress=False), rtol=1e-5)
+  q = features.rmac_features(c, b, paths[:1], bboxes=[(0, 0, 32, 32)], tag='queries', progress=False)
+  assert q.shape == (1, 16) and not np.allclose(q, x[:1])
+  c.rmac.levels = 0
+  with pytest.raises(UserError, match='config.rmac.levels'):
+    features.build(c)
+  c.rmac.levels, c.pooling = 3, 'gem'
+  with pytest.raises(UserError, match='config.pooling'):
+    features.build(c)

@@ -17,7 +17,9 @@ layers (comma-separated stage names; '' = the backbone's default), image_batch_s
 'bfloat16': the backbone's compute dtype) and cache_dir ('' = ~/.cache/visim_jax/features); `build` makes
 the backbone (unknown names and layers fail before any extraction), `features_of` reads through the cache,
 `describe` is what metrics.json records, `BACKBONE_FIELDS` are left out of a run's record when the source is
-precomputed features (they do not apply).
+precomputed features (they do not apply). `pooling='rmac'` (with `rmac.*`, visim_jax/rmac.py) replaces the
+multi-layer mean by R-MAC of one stage (VGG16 conv5_3: 512-d, images at their aspect ratio, max side 1024,
+PCA-whitening learned on `rmac.whiten_on`), for every experiment that reads features through `features_of`.
 """
 from __future__ import annotations
 
@@ -249,7 +251,8 @@ def extract_all_hosts(backbone: Backbone, paths: Sequence[str], layers, batch_si
 
 # ------------------------------------------------------------------------------------------ config glue
 
-BACKBONE_FIELDS = ('backbone', 'backbone_kwargs', 'layers', 'image_batch_size', 'dtype', 'cache_dir')
+BACKBONE_FIELDS = ('backbone', 'backbone_kwargs', 'layers', 'image_batch_size', 'dtype', 'cache_dir', 'pooling',
+                   'rmac')
 
 
 def add_fields(c):
@@ -261,7 +264,16 @@ def add_fields(c):
   c.image_batch_size = 32
   c.dtype = 'float32'
   c.cache_dir = ''
+  c.pooling = 'mean'       # 'mean' (multi-layer, paper 001) | 'rmac' (R-MAC of config.rmac.layer, paper 002)
+  from visim_jax import rmac  # pylint: disable=g-import-not-at-top
+  c.rmac = ml_collections.ConfigDict(rmac.Options().describe())
   return c
+
+
+def rmac_options(config):
+  """config.rmac as rmac.Options (bad values fail naming the field)."""
+  from visim_jax import rmac  # pylint: disable=g-import-not-at-top
+  return rmac.Options(**config.rmac.to_dict())
 
 
 def backbone_kwargs(config) -> dict:
@@ -300,9 +312,13 @@ def build(config) -> tuple[Backbone, tuple[str, ...]]:
     raise UserError(f"config.dtype: 'float32' or 'bfloat16', got {config.dtype!r}")
   if config.image_batch_size < 1:
     raise UserError(f'config.image_batch_size: must be >= 1, got {config.image_batch_size}')
+  if config.get('pooling', 'mean') not in ('mean', 'rmac'):
+    raise UserError(f"config.pooling: 'mean' or 'rmac', got {config.pooling!r}")
   check_cache_dir(config)
   backbone = get_backbone(config.backbone, **backbone_kwargs(config))
   layers = tuple(l.strip() for l in config.layers.split(',') if l.strip()) or tuple(backbone.layers)
+  if config.get('pooling', 'mean') == 'rmac':
+    layers = (rmac_options(config).layer,)
   backbone.layer_dims(layers)
   return backbone, layers
 
@@ -316,9 +332,22 @@ def features_of(config, backbone: Backbone, layers: Sequence[str], paths: Sequen
                 names: Sequence[str] | None = None, tag: str = 'images', flip: bool = False,
                 progress: bool = True, loader=None, source_id: dict | None = None) -> np.ndarray:
   """Pooled features of `paths` through the feature cache, with the config's batch size, dtype and cache."""
+  if config.get('pooling', 'mean') == 'rmac':
+    if loader is not None or flip:
+      raise UserError('config.pooling: rmac reads image files only (no flipped view, no TFDS loader)')
+    return rmac_features(config, backbone, paths, tag=tag, progress=progress)
   return cached_features(backbone, paths, cache_dir(config), layers=layers, names=names, tag=tag,
                          batch_size=config.image_batch_size, dtype=config.dtype, progress=progress, flip=flip,
                          loader=loader, source_id=source_id)
+
+
+def rmac_features(config, backbone: Backbone, paths: Sequence[str], bboxes=None, tag: str = 'images',
+                  progress: bool = True) -> np.ndarray:
+  """R-MAC descriptors of image files (cropped to `bboxes`: x1, y1, x2, y2 per image, if given) through the
+  region-vector cache, whitened on config.rmac.whiten_on."""
+  from visim_jax import rmac  # pylint: disable=g-import-not-at-top
+  return rmac.describe_images(backbone, paths, rmac_options(config), cache_dir(config), file_list_hash, bboxes,
+                              tag, config.image_batch_size, config.dtype, progress)
 
 
 def select_source(config):
