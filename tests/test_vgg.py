@@ -87,3 +87,14 @@ def test_full_size_shapes_and_backbone():
   assert out['conv5_3'].shape == (1, 2, 3, 16)
   with pytest.raises(ValueError, match='layers'):
     vgg.vgg16(tiny=True, layers='fc7')
+
+
+def test_missing_weights_fallback_says_so(tmp_path, monkeypatch):
+  monkeypatch.setenv('VISIM_JAX_WEIGHTS', str(tmp_path))
+  with pytest.raises(FileNotFoundError, match='vgg16.safetensors not found'):
+    vgg.vgg16()
+  b = vgg.vgg16(missing_weights='tiny_random')
+  assert b.weights_id == f'random:0:tiny:no-weights-at:{tmp_path}/vgg16.safetensors'
+  assert 'NO VGG16 WEIGHTS' in b.description
+  with pytest.raises(ValueError, match='missing_weights'):
+    vgg.vgg16(missing_weights='ignore')

@@ -127,21 +127,36 @@ def load_variables(path: str, blocks=BLOCKS, name: str = 'vgg16') -> tuple[dict,
   return variables, sha256_file(path)
 
 
+MISSING = ('error', 'tiny_random')
+
+
 def vgg16(weights: str | None = None, random_init: int | None = None, tiny: bool = False,
-          layers: str | Sequence[str] | None = None) -> Backbone:
-  """VGG16 conv part: converted torchvision weights (offline), `random_init=SEED`, or `tiny=True` (random, tiny)."""
+          layers: str | Sequence[str] | None = None, missing_weights: str = 'error') -> Backbone:
+  """VGG16 conv part: converted torchvision weights (offline), `random_init=SEED`, or `tiny=True` (random, tiny).
+
+  missing_weights='tiny_random': when no weights= is given and the default file is absent, use a tiny random
+  VGG16 instead of failing (the offline demo of `:paper` configs); its weights_id says so
+  ('random:0:tiny:no-weights-at:<path>'), and every metrics.json records that id."""
   name = 'vgg16'
   if weights is not None and random_init is not None:
     raise ValueError(f'{name}: weights= and random_init= are exclusive')
+  if missing_weights not in MISSING:
+    raise ValueError(f'config.backbone_kwargs.missing_weights: one of {MISSING}, got {missing_weights!r}')
+  default = weights_lib.default_location(name) + '.safetensors'
+  fallback = (missing_weights == 'tiny_random' and weights is None and random_init is None and not tiny
+              and not os.path.isfile(default))
+  tiny = tiny or fallback
   blocks = TINY_BLOCKS if tiny else BLOCKS
   if weights is None and (tiny or random_init is not None):
     seed = 0 if random_init is None else int(random_init)
     model, _ = _shapes(blocks)
     variables = weights_lib.random_variables(lambda key: model.init(key, jnp.zeros((1, 32, 32, 3))), seed)
-    weights_id = f'random:{seed}' + (':tiny' if tiny else '')
+    weights_id = f'random:{seed}' + (':tiny' if tiny else '') + (f':no-weights-at:{default}' if fallback else '')
     where = f'random weights, seed {seed}{", tiny widths" if tiny else ""}'
+    if fallback:
+      where += f': NO VGG16 WEIGHTS at {default}, a stand-in with the recipe\'s shape, not the paper\'s features'
   else:
-    path = os.path.expanduser(weights) if weights else weights_lib.default_location(name) + '.safetensors'
+    path = os.path.expanduser(weights) if weights else default
     variables, weights_id = load_variables(path, blocks, name)
     where = path
   if isinstance(layers, str):
