@@ -86,14 +86,22 @@ def scalars(m: dict) -> dict:
   return {k: (float(m[k]) if np.isfinite(m[k]) else None) for k in SCALARS}
 
 
-def evaluate_tree(x, tree, names, labels, opts, estimator, min_children, progress=True):
+def tree_nodes(config, tree, names, labels) -> list:
+  """[(node, level, children, cluster labels)] of the nodes with config.tree_min_children+ children."""
+  try:
+    nodes = list(tree_lib.node_clusters(tree, names, labels, config.tree_min_children))
+  except ValueError as e:
+    raise UserError(f'config.class_tree: {e}') from e
+  if not nodes:
+    raise UserError(f'config.class_tree: no node has {config.tree_min_children}+ children holding samples '
+                    '(do the tree names match the class names? see config.tree_min_children)')
+  return nodes
+
+
+def evaluate_tree(x, nodes, opts, estimator, progress=True):
   """Per-node rows and per-level rows (means over the level's nodes) of the hierarchy (no standard errors)."""
   node_opts = H.Options(**{**opts.__dict__, 'min_class_size': 2})  # classes were filtered once, globally
   rows, skipped = [], 0
-  try:
-    nodes = list(tree_lib.node_clusters(tree, names, labels, min_children))
-  except ValueError as e:
-    raise UserError(f'config.class_tree: {e}') from e
   for node, level, kids, cl in tqdm(nodes, desc='tree nodes', unit='node', disable=not progress):
     try:
       m = H.evaluate(x, cl, len(kids), node_opts, estimator=estimator, replicates=0)
@@ -153,7 +161,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     from jax.sharding import Mesh
     x = H.shard_samples(x, Mesh(np.array(jax.devices()), ('data',)))
   kept_labels, _, _ = H.keep_classes(labels, num_classes, opts.min_class_size)
-  nodes = list(tree_lib.node_clusters(tree, names, kept_labels, config.tree_min_children)) if tree else []
+  nodes = tree_nodes(config, tree, names, kept_labels) if tree else []
   n_kept = int((kept_labels >= 0).sum())
   extra = sum(int((cl >= 0).sum()) ** 2 // 2 for *_, cl in nodes)  # the tree's pairs: one estimator for all
   estimator = H.choose_estimator(n_kept, feats.shape[1], num_classes, opts, extra_pairs=extra)
@@ -170,11 +178,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
   node_rows, level_rows, skipped_nodes, tree_avg = [], [], 0, {}
   if tree is not None:
-    node_rows, level_rows, skipped_nodes, tree_avg = evaluate_tree(x, tree, names, kept_labels, opts, estimator,
-                                                                   config.tree_min_children, progress)
-    if not node_rows:
-      raise UserError(f'config.class_tree: no node has {config.tree_min_children}+ children holding samples '
-                      '(do the tree names match the class names? see config.tree_min_children)')
+    node_rows, level_rows, skipped_nodes, tree_avg = evaluate_tree(x, nodes, opts, estimator, progress)
   t_tree = time.time() - t0
 
   valid = m['valid']

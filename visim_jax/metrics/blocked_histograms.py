@@ -46,7 +46,7 @@ def default_tile() -> int:
 
 class Plan(NamedTuple):
   samples: int          # kept samples n
-  padded: int           # n rounded up (a power of two, a multiple of the tile)
+  padded: int           # n rounded up (a power of two, a multiple of the tile): the shape, few compilations
   dim: int
   classes: int
   tile: int
@@ -62,8 +62,8 @@ class Plan(NamedTuple):
 def make_plan(samples: int, dim: int, classes: int, bins: int = NUM_BINS, tile: int = 0, replicates: int = 1,
               pairwise: bool = False, devices: int | None = None) -> Plan:
   tile = int(min(tile or default_tile(), bucket(samples, 8)))
-  padded = bucket(samples, tile)
-  tiles = padded // tile
+  padded = -(-bucket(samples, tile) // tile) * tile  # a power of two (few compilations), a multiple of the tile
+  tiles = -(-samples // tile)  # blocks of padding rows only are never scheduled
   d = devices or jax.device_count()
   c = bucket(classes, 2)
   hist = replicates * (2 * c * bins + (c * c * bins if pairwise else 0)) * 4
@@ -181,7 +181,7 @@ def exact_histograms(x, labels: np.ndarray, num_classes: int, *, bins: int = NUM
   xk = jax.device_put(jnp.take(jnp.asarray(x), jnp.asarray(idx), axis=0), rep)
   lab_d, w_d = jax.device_put(lab, rep), jax.device_put(w, rep)
 
-  ii, jj = np.triu_indices(n_pad // t)
+  ii, jj = np.triu_indices(-(-len(rows) // t))  # blocks of padding rows only are never scheduled
   blocks = np.stack([ii, jj], 1).astype(np.int32)
   wmax = max(int(w.max()), 1)
   per_call = max(1, INT32_MAX // (d * t * t * wmax * wmax))  # blocks per device per call: no int32 overflow

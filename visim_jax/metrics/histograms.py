@@ -172,12 +172,12 @@ class Options:
   def validate(self):
     if self.mode not in PAIR_MODES:
       raise UserError(f'config.pairs.mode: {self.mode!r} is not one of {PAIR_MODES}')
-    for f in ('n_intra', 'n_inter', 'bins', 'exhaustive_max'):
-      if getattr(self, f) < 1:
-        raise UserError(f'config.pairs.{f}: must be >= 1, got {getattr(self, f)}')
-    for f in ('chunk_elems', 'tile', 'se_replicates', 'pairwise_max_classes'):
-      if getattr(self, f) < 0:
-        raise UserError(f'config.{f}: must be >= 0, got {getattr(self, f)}')
+    for f in ('pairs.n_intra', 'pairs.n_inter', 'bins', 'pairs.exhaustive_max', 'pairs.max_seconds'):
+      if getattr(self, f.split('.')[-1]) <= 0:
+        raise UserError(f'config.{f}: must be > 0, got {getattr(self, f.split(".")[-1])}')
+    for f in ('pairs.chunk_elems', 'pairs.tile', 'se_replicates', 'pairwise_max_classes'):
+      if getattr(self, f.split('.')[-1]) < 0:
+        raise UserError(f'config.{f}: must be >= 0, got {getattr(self, f.split(".")[-1])}')
     if self.min_class_size < 2:
       raise UserError(f'config.min_class_size: must be >= 2 (an intra pair needs 2 samples), got '
                       f'{self.min_class_size}')
