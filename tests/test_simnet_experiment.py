@@ -8,12 +8,20 @@ import sys
 import numpy as np
 import pytest
 
-from visim_jax import main
+from visim_jax import main, runtime
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs'))
 import simnet_classes  # noqa: E402
 import simnet_tll  # noqa: E402
 import simnet_warmup  # noqa: E402
+
+
+def kill_after(step):
+  """A runtime.FAULT_HOOK that kills the run (KeyboardInterrupt) right after the checkpoint of `step`."""
+  def hook(phase, at, directory):
+    if phase == 'after_save' and at == step:
+      raise KeyboardInterrupt(f'simulated kill after step {at}')
+  return hook
 
 
 def clustered(rng, n_classes, per_class, dim, noise=0.6):
@@ -60,7 +68,7 @@ def classes_config(d):
   return c
 
 
-def test_classes_end_to_end_with_resume(tmp_path, class_files):
+def test_classes_end_to_end_with_resume(tmp_path, class_files, monkeypatch):
   c = classes_config(class_files)
   full = main.run(c, str(tmp_path / 'full'))
   for name in ('cosine', 'simnet'):
@@ -70,10 +78,11 @@ def test_classes_end_to_end_with_resume(tmp_path, class_files):
   assert full['steps'] == {'warmup': 20, 'stage1': 60, 'stage2_simnet_star': 40, 'batch_size': 100}
   assert os.path.exists(tmp_path / 'full' / 'hard_pairs.npz')
   # killed right after the stage-1 checkpoint (step 80), then resumed: identical results
-  c.debug_stop_after_step = 80
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', kill_after(80))
   with pytest.raises(KeyboardInterrupt):
     main.run(c, str(tmp_path / 'resumed'))
-  c.debug_stop_after_step = 0
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', None)
+  assert not os.path.exists(tmp_path / 'resumed' / 'metrics.json')
   resumed = main.run(c, str(tmp_path / 'resumed'))
   assert resumed['results'] == full['results']
   assert resumed['simnet_star'] == full['simnet_star']
@@ -113,8 +122,14 @@ def test_bad_input_fails_early(tmp_path):
   c.architecture = 'Z'
   with pytest.raises(ValueError, match='config.architecture'):
     main.run(c, str(tmp_path / 'w'))
-  np.savez(tmp_path / 'bad.npz', features=np.ones((4, 3), np.float32), labels=np.zeros(4))
+  np.savez(tmp_path / 'bad.npz', features=np.random.RandomState(0).rand(4, 3), labels=np.zeros(4))
   c = simnet_classes.get_config('local')
   c.dataset, c.features = 'features', str(tmp_path / 'bad.npz')
   with pytest.raises(ValueError, match='at least 2 classes'):
     main.run(c, str(tmp_path / 'w'))
+  # degenerate features (every row the same vector) are refused, naming the file
+  np.savez(tmp_path / 'const.npz', features=np.ones((4, 3), np.float32), labels=np.arange(4) % 2)
+  c.features = str(tmp_path / 'const.npz')
+  with pytest.raises(ValueError, match='const.npz: every row of the features is the same vector'):
+    main.run(c, str(tmp_path / 'w'))
+  assert not os.path.exists(tmp_path / 'w')

@@ -290,3 +290,126 @@ def score_matrix_naive(params: Params, queries: jax.Array, database: jax.Array, 
   out = jax.lax.map(lambda q: jax.lax.map(lambda d: tile(q, d), ds), qs)
   out = out.transpose(0, 2, 1, 3).reshape(qs.shape[0] * q_tile, ds.shape[0] * d_tile)
   return out[:n_q, :n_d]
+
+
+# ------------------------------------------------------------------------------ pair samplers (pure, jittable)
+
+def class_index(labels) -> dict:
+  """Host arrays for sampling pairs from a labelled set: images sorted by class, class blocks, anchors."""
+  import numpy as np
+  labels = np.asarray(labels)
+  n_cls = int(labels.max()) + 1
+  order = np.argsort(labels, kind='stable').astype(np.int32)
+  count = np.bincount(labels, minlength=n_cls).astype(np.int32)
+  start = (np.cumsum(count) - count).astype(np.int32)
+  pos_in_class = np.empty(len(labels), np.int32)
+  pos_in_class[order] = np.arange(len(labels)) - start[labels[order]]
+  anchors = np.nonzero(count[labels] >= 2)[0].astype(np.int32)
+  return {'labels': labels.astype(np.int32), 'order': order, 'start': start, 'count': count,
+          'pos_in_class': pos_in_class, 'anchors': anchors}
+
+
+def sample_class_pairs(key, idx: dict, n: int):
+  """n pairs (i, j, similar): the first n // 2 same-class (j != i), the rest different-class."""
+  ka, kp, kn = jax.random.split(key, 3)
+  half = n // 2
+  a = idx['anchors'][jax.random.randint(ka, (n,), 0, idx['anchors'].shape[0])]
+  c = idx['labels'][a]
+  cnt, st = idx['count'][c], idx['start'][c]
+  p = jax.random.randint(kp, (half,), 0, cnt[:half] - 1)
+  p = jnp.where(p >= idx['pos_in_class'][a[:half]], p + 1, p)
+  pos_j = idx['order'][st[:half] + p]
+  total = idx['labels'].shape[0]
+  q = jax.random.randint(kn, (n - half,), 0, total - cnt[half:])
+  q = jnp.where(q >= st[half:], q + cnt[half:], q)
+  neg_j = idx['order'][q]
+  similar = jnp.arange(n) < half
+  return a, jnp.concatenate([pos_j, neg_j]), similar
+
+
+def sample_pair_pairs(key, n_pairs: int, n: int):
+  """n (i, j, similar) over a pairs set of n_pairs: half (i, i), half (i, j != i)."""
+  ki, kj = jax.random.split(key)
+  half = n // 2
+  i = jax.random.randint(ki, (n,), 0, n_pairs)
+  off = jax.random.randint(kj, (n,), 1, n_pairs)
+  similar = jnp.arange(n) < half
+  return i, jnp.where(similar, i, (i + off) % n_pairs), similar
+
+
+def sample_from_pool(key, pool_pos, pool_neg, n):
+  """n (i, j, similar) from the difficult pool: half matches, half non-matches (one side alone if the other is
+  empty; static shapes decide)."""
+  kp, kn = jax.random.split(key)
+  if pool_pos.shape[0] and pool_neg.shape[0]:
+    n_pos = n // 2
+  else:
+    n_pos = n if pool_pos.shape[0] else 0
+  parts = []
+  if n_pos:
+    parts.append((pool_pos[jax.random.randint(kp, (n_pos,), 0, pool_pos.shape[0])], jnp.ones((n_pos,), bool)))
+  if n - n_pos:
+    parts.append((pool_neg[jax.random.randint(kn, (n - n_pos,), 0, pool_neg.shape[0])],
+                  jnp.zeros((n - n_pos,), bool)))
+  ij = jnp.concatenate([p[0] for p in parts])
+  return ij[:, 0], ij[:, 1], jnp.concatenate([p[1] for p in parts])
+
+
+# ---------------------------------------------------------------------------- training chunks (jitted)
+
+@functools.partial(jax.jit, static_argnames=('tx', 'n_steps', 'batch', 'dim', 'x_dist'))
+def warmup_chunk(tx, params, opt_state, key, step0, n_steps: int, batch: int, dim: int, x_dist: str = 'cube'):
+  """n_steps of warm-up (delta = 0 on random pairs). Keys fold in the global step: resuming is exact."""
+  def body(carry, step):
+    p, s = carry
+    x, y, _ = random_pairs(jax.random.fold_in(key, step), batch, dim, x_dist=x_dist)
+    loss, g = jax.value_and_grad(warmup_loss_fn)(p, x, y)
+    u, s = tx.update(g, s, p)
+    return (optax.apply_updates(p, u), s), loss
+  (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), step0 + jnp.arange(n_steps))
+  return params, opt_state, losses
+
+
+@functools.partial(jax.jit, static_argnames=('tx', 'n_steps', 'batch', 'kind', 'n_hard'))
+def train_chunk(tx, params, opt_state, key, step0, data, delta, n_steps: int, batch: int, kind: str,
+                n_hard: int = 0):
+  """n_steps of Eq. 2 on balanced pairs; data = {'a': (Na, D), 'b': (Nb, D), 'index' (class_index arrays),
+  'pool_pos', 'pool_neg'}; kind = 'classes' (a = b = the images) or 'pairs' (a = left, b = right); n_hard of
+  each batch from the difficult pool."""
+  def sample(k):
+    k1, k2 = jax.random.split(k)
+    n_rand = batch - n_hard
+    if kind == 'classes':
+      i, j, sim = sample_class_pairs(k1, data['index'], n_rand)
+    else:
+      i, j, sim = sample_pair_pairs(k1, data['a'].shape[0], n_rand)
+    if n_hard:
+      hi, hj, hs = sample_from_pool(k2, data['pool_pos'], data['pool_neg'], n_hard)
+      i, j, sim = jnp.concatenate([i, hi]), jnp.concatenate([j, hj]), jnp.concatenate([sim, hs])
+    return data['a'][i], data['b'][j], sim
+
+  def body(carry, step):
+    p, s = carry
+    xi, xj, sim = sample(jax.random.fold_in(key, step))
+    loss, g = jax.value_and_grad(loss_fn)(p, xi, xj, sim, delta)
+    u, s = tx.update(g, s, p)
+    return (optax.apply_updates(p, u), s), loss
+  (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), step0 + jnp.arange(n_steps))
+  return params, opt_state, losses
+
+
+def hard_pairs(params: Params, a, b, similar, q_tile: int = 256, d_tile: int = 256, compute_dtype: str = 'float32'):
+  """SimNet*: score all pairs (a_i, b_j) of a fresh random set; returns (hard matches (P, 2), hard non-matches
+  (M, 2) as local indices, stats). `similar` (n_a, n_b) int: 1 match, 0 non-match, -1 excluded (i with i)."""
+  import numpy as np
+  from visim_jax.metrics import retrieval
+  s = score_matrix(params, jnp.asarray(a), jnp.asarray(b), q_tile=q_tile, d_tile=d_tile, compute_dtype=compute_dtype)
+  cos = retrieval.cosine_matrix(jnp.asarray(a), jnp.asarray(b))
+  valid = similar >= 0
+  sim = similar == 1
+  hard = np.asarray(hard_pair_mask(s, cos, jnp.asarray(sim))) & valid
+  hp = np.argwhere(hard & sim).astype(np.int32)
+  hn = np.argwhere(hard & ~sim & valid).astype(np.int32)
+  stats = {'scored_pairs': int(valid.sum()), 'matches': int((sim & valid).sum()),
+           'hard_matches': int(len(hp)), 'hard_non_matches': int(len(hn))}
+  return hp, hn, stats

@@ -94,10 +94,11 @@ def load_pairs(root: str, subset: str | None = None) -> Pairs:
 
 
 def from_config(config) -> tuple[Pairs, str]:
-  """(pairs, root) a config names: dataset 'demo' (the embedded set, written once) or else data_dir + subset."""
+  """(pairs, root) a config names: dataset 'demo' (the embedded set, written once under config.demo.root or
+  config.cache_dir) or else data_dir + subset."""
   if config.dataset == 'demo':
     from visim_jax.data import demo
-    root = demo.demo_pairs(config.demo.root or None, config.demo.n_pairs, config.demo.seed)
+    root = demo.from_config(config)
     return load_pairs(root), root
   return load_pairs(config.data_dir, config.subset or None), config.data_dir
 
