@@ -5,15 +5,20 @@
   python -m visim_jax.main --list_backbones
 
 The config's `experiment` field names a module of visim_jax.experiments whose `run(config, workdir)`
-does config -> data -> features -> train -> eval -> report. Unknown `--config.x=y` keys are refused.
+does config -> data -> features -> train -> eval -> report (training through visim_jax/runtime.py).
+A user mistake (unknown `--config.x=y` field, bad value, missing file, full disk, busy workdir...) ends as one
+line `error: <file or config.field>: <what to do>` on stderr with exit status 1 (visim_jax/errors.py); the
+traceback is shown with --verbosity=1 or VISIM_TRACEBACK=1, as are absl / Orbax / JAX INFO logs (--verbosity=0).
 """
 from __future__ import annotations
 
 import importlib
 import os
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
+
+from visim_jax import errors
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to an ml_collections config file.',
                                           lock_config=True)
@@ -28,7 +33,7 @@ def run(config, workdir: str):
   """What main() does, callable from a notebook: returns the experiment's summary dict."""
   experiment = config.get('experiment')
   if experiment not in EXPERIMENTS:
-    raise ValueError(f'config.experiment: unknown experiment {experiment!r}; known: {", ".join(EXPERIMENTS)}')
+    raise errors.UserError(f'config.experiment: unknown experiment {experiment!r}; known: {", ".join(EXPERIMENTS)}')
   module = importlib.import_module(f'visim_jax.experiments.{experiment}')
   return module.run(config, workdir)
 
@@ -47,12 +52,11 @@ def main(argv):
   distributed.maybe_initialize()  # multi-host runs (TPU pods, SLURM); nothing on one machine
   config = _CONFIG.value
   workdir = _WORKDIR.value or os.path.join('workdirs', config.get('experiment', 'run'))
-  logging.info('workdir: %s', os.path.abspath(workdir))
   run(config, workdir)
 
 
 def run_main():
-  app.run(main)
+  errors.run(main)
 
 
 if __name__ == '__main__':
