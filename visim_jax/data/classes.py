@@ -140,10 +140,10 @@ class TfdsImages:
       with np.load(path, allow_pickle=False) as z:
         if z['labels'].shape == (self.n,):
           self._labels = np.asarray(z['labels'], np.int64)
-    if (self._labels < 0).any():
-      for i in np.flatnonzero(self._labels < 0):
-        self._labels[i] = int(self.source[int(i)][self.label_key])
-    if path:
+    stored = path is not None and os.path.exists(path) and not (self._labels < 0).any()
+    for i in np.flatnonzero(self._labels < 0):  # examples this process did not decode (cache hit, other hosts)
+      self._labels[i] = int(self.source[int(i)][self.label_key])
+    if path and not stored:
       ops.save_npz_atomic(path, labels=self._labels)
     return self._labels.copy()
 
