@@ -1,0 +1,135 @@
+"""visim_jax.runtime: faults at every checkpoint phase, a full disk, a corrupt newest step, the workdir lock, a
+refused resume that writes nothing, and the workdir's OS errors. A tiny NumPy chunk function keeps it fast; the
+checkpoints are real Orbax ones."""
+import errno
+import json
+import os
+
+import numpy as np
+import pytest
+
+from visim_jax import runtime
+from visim_jax.errors import UserError
+
+END, EVERY, SAVE = 10, 2, 2
+
+
+def chunk_fn(tree, s0, n):
+  """Deterministic steps: w <- 0.9 w + (step + 1); the loss history records sum(w) per step."""
+  w, loss = np.array(tree['w']), np.array(tree['loss'])
+  for s in range(s0, s0 + n):
+    w = 0.9 * w + (s + 1)
+    loss[s] = w.sum()
+  return {'w': w, 'loss': loss}, {'train/loss': loss[s0:s0 + n]}
+
+
+def train(workdir, lr=0.1, data=(1.0, 2.0)):
+  fp = runtime.fingerprint({'lr': lr}, [np.asarray(data)])
+  with runtime.Run(str(workdir), {'lr': lr}, fp, progress=False) as run:
+    tree, start = run.restore({'w': np.zeros(3, np.float32), 'loss': np.zeros(END, np.float32)})
+    tree = run.loop(tree, chunk_fn, start, END, EVERY, SAVE)
+    return run.write_metrics({'loss': tree['loss'].tolist(), 'start': start})
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+  return train(tmp_path_factory.mktemp('ref'))
+
+
+def hook_at(phase, step, exc):
+  def hook(p, s, directory):
+    if p == phase and s == step:
+      raise exc
+  return hook
+
+
+def assert_clean(workdir):
+  """No temporary file or folder anywhere in the workdir, no metrics.json."""
+  for root, dirs, files in os.walk(workdir):
+    for n in dirs + files:
+      assert 'tmp' not in n, os.path.join(root, n)
+  assert not os.path.exists(os.path.join(workdir, 'metrics.json'))
+
+
+@pytest.mark.parametrize('phase', runtime.SAVE_PHASES)
+def test_kill_at_every_save_phase_then_rerun_equals_no_kill(tmp_path, monkeypatch, reference, phase):
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', hook_at(phase, 6, KeyboardInterrupt('simulated kill')))
+  with pytest.raises(KeyboardInterrupt):
+    train(tmp_path)
+  assert_clean(tmp_path)
+  steps = sorted(int(s) for s in os.listdir(tmp_path / 'checkpoints') if s.isdigit())
+  assert steps[-1] == (6 if phase == 'after_save' else 4)  # a save that did not finish leaves no step
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', None)
+  again = train(tmp_path)
+  assert again['loss'] == reference['loss'] and again['start'] == steps[-1]
+  assert again['fingerprint'] == reference['fingerprint']
+
+
+def test_disk_full_during_save_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, reference):
+  full = OSError(errno.ENOSPC, 'No space left on device')
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', hook_at('during_save', 4, full))
+  with pytest.raises(UserError) as e:
+    train(tmp_path)
+  msg = str(e.value)
+  assert msg.startswith(str(tmp_path / 'checkpoints')) and 'disk is full' in msg and '\n' not in msg
+  assert_clean(tmp_path)
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', None)
+  assert train(tmp_path)['loss'] == reference['loss']
+
+
+def test_corrupt_newest_checkpoint_resumes_from_the_previous_step(tmp_path, monkeypatch, reference, capsys):
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', hook_at('after_save', 8, KeyboardInterrupt()))
+  with pytest.raises(KeyboardInterrupt):
+    train(tmp_path)
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', None)
+  for root, _, files in os.walk(tmp_path / 'checkpoints' / '8'):  # garble every file of the newest step
+    for f in files:
+      with open(os.path.join(root, f), 'r+b') as fh:
+        n = len(fh.read())
+        fh.seek(0)
+        fh.write(b'\x00garbage' * max(1, n // 8))
+  again = train(tmp_path)
+  assert again['start'] == 6 and again['loss'] == reference['loss']
+  assert 'checkpoint step 8 is unreadable' in capsys.readouterr().out
+
+
+def test_changed_config_or_data_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', hook_at('after_save', 4, KeyboardInterrupt()))
+  with pytest.raises(KeyboardInterrupt):
+    train(tmp_path)
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', None)
+  before = {n: open(tmp_path / n).read() for n in ('config.json', 'fingerprint.json')}
+  with pytest.raises(UserError, match=r'holds checkpoints of a different config or data \(config.lr \(0.1 -> 0.2\)\)'):
+    train(tmp_path, lr=0.2)
+  with pytest.raises(UserError, match=r'the data \(features\) differ'):
+    train(tmp_path, data=(1.0, 3.0))
+  assert {n: open(tmp_path / n).read() for n in before} == before
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['2', '4']
+
+
+def test_workdir_lock_refuses_a_second_run_and_takes_over_a_stale_lock(tmp_path, reference):
+  fp = runtime.fingerprint({'lr': 0.1}, [np.asarray((1.0, 2.0))])
+  with runtime.Run(str(tmp_path), {'lr': 0.1}, fp, progress=False):
+    with pytest.raises(UserError, match=rf'{tmp_path}: another run is using this workdir \(pid {os.getpid()} on '):
+      train(tmp_path)
+  # a lock file left by a dead process holds no flock: the next run takes it over
+  (tmp_path / '.lock').write_text('pid 999999 on host elsewhere\n')
+  m = train(tmp_path)
+  assert m['loss'] == reference['loss']
+  assert json.load(open(tmp_path / 'metrics.json'))['fingerprint'] == json.load(
+      open(tmp_path / 'fingerprint.json'))['fingerprint']
+
+
+def test_workdir_os_errors_are_one_line_naming_the_path(tmp_path):
+  (tmp_path / 'file').write_text('x')
+  with pytest.raises(UserError, match=rf'^{tmp_path / "file"}: workdir is a file, not a folder'):
+    train(tmp_path / 'file')
+  os.symlink(tmp_path / 'nowhere', tmp_path / 'link')
+  with pytest.raises(UserError, match=rf'^{tmp_path / "link"}: workdir is a broken symbolic link'):
+    train(tmp_path / 'link')
+  with pytest.raises(UserError, match=rf'^{tmp_path / "file"}.*cannot create the workdir'):
+    train(tmp_path / 'file' / 'sub')
+  if os.geteuid() != 0:  # root writes anywhere: a read-only folder cannot be simulated
+    (tmp_path / 'ro').mkdir(mode=0o555)
+    with pytest.raises(UserError, match=rf'^{tmp_path / "ro"}.*not writable'):
+      train(tmp_path / 'ro')
