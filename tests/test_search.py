@@ -124,7 +124,7 @@ def test_cli_adapter_ranks_partners_higher(pairs96, lite0, tmp_path):
   left, _ = search.features_of(lite0, pairs.left, os.path.join(folder, 'left'), cache, tag='left', progress=False)
   names = list(pairs.names)
   assert left.shape == (96, 1776)
-  hp = train.Hparams(runs=1, train_fraction=0.5, pca_dim=64, adapt_dim=256, epochs=60, sigma=15.0, lr=1e-3)
+  hp = train.Hparams(runs=1, train_fraction=0.5, pca_dim=64, adapt_dim=256, epochs=60, sigmas=(15.0,), lr=1e-3)
   out = adapt.train_all(hp, train.Features(left, right), None, 60, progress=False)
   path = export.save_adapter(str(tmp_path / 'adapter.npz'), **export.run_arrays(out, 0),
                              meta=export.backbone_meta(lite0, demo='first 96 pairs, run 0 train split'))
@@ -218,7 +218,7 @@ def test_bad_images_are_skipped_and_listed_or_strict(pairs96, tmp_path, capsys):
   assert 'skipped 2 image(s)' in printed and 'aaa_text.png, zzz_cut.jpg' in printed
   with pytest.raises(UserError, match='aaa_text.png: not an image'):
     search.run(str(plain), ['all'], k=3, out=str(tmp_path / 's'), cache_dir=cache, progress=False, strict=True)
-  assert not (tmp_path / 's').exists()
+  assert not (tmp_path / 's' / 'results.json').exists()
   # a pairs folder: a bad right image drops its pair's query (no partner to rank), a bad left image its query
   pairs = tmp_path / 'pairs'
   for side in ('left', 'right'):
@@ -270,6 +270,10 @@ def test_cli_user_errors_are_one_line(tmp_path):
       f'error: --folder: {tmp_path / "nope"}: not a folder (give the folder of images to index)']
   r = _cli('visim_jax.search', f'--folder={tmp_path}', '--query=all', '--k=0')
   assert r.returncode == 1 and r.stderr.strip().splitlines() == ['error: --k: must be >= 1, got 0']
+  (tmp_path / 'file').write_text('')
+  r = _cli('visim_jax.search', f'--folder={tmp_path}', '--query=all', f'--out={tmp_path / "file"}')
+  assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+      f'error: {tmp_path / "file"}: output folder (--out) is a file, not a folder; choose another path']
   r = _cli('visim_jax.export', f'--workdir={tmp_path}')
   assert r.returncode == 1 and r.stderr.strip().splitlines() == [
       f'error: {tmp_path}/checkpoints: no checkpoints folder (was config.checkpoint False? then the experiment '

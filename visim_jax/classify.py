@@ -73,7 +73,11 @@ def main(argv):
   try:
     out = classify(f.backbone, argv[1:], f.top, f.demo, f.strict)
     if f.out:
-      report.write_json(f.out, out)
+      try:
+        report.write_json(f.out, out)
+      except OSError as e:
+        from visim_jax import runtime
+        raise runtime.os_error(e, f.out, 'writing --out') from e
   except (UserError, OSError) as e:
     errors.report_and_exit(e, verbose=f.verbosity >= 1)
   for r in out['images']:

@@ -125,16 +125,25 @@ def load_adapter(path: str) -> Adapter:
   return Adapter(mean, comps, scale, w, _check_meta(meta, source=path))
 
 
-def run_arrays(out: Mapping[str, Any], run: int = 0) -> dict[str, np.ndarray]:
+def run_arrays(out: Mapping[str, Any], run: int = 0, sigma: int = 0) -> dict[str, np.ndarray]:
   """save_adapter's array arguments for run `run` of adapt.train_all's output (or a restored checkpoint:
-  {'params': {'w': (R, P, A)}, 'pcas': {mean, components, scale} with a leading R axis})."""
+  {'params': {'w': (R, P, A), or (R, S, P, A) with one W per sigma}, 'pcas': {mean, components, scale} with a
+  leading R axis}); `sigma` indexes the run's temperatures (config.sigmas) when W has that axis."""
   pcas = out['pcas']
   get = (lambda k: getattr(pcas, k)) if hasattr(pcas, '_fields') else (lambda k: pcas[k])
   runs = int(np.shape(out['params']['w'])[0])
   if not 0 <= run < runs:
     raise UserError(f'--run={run}: the training output holds runs 0..{runs - 1}')
   return {'pca_mean': np.asarray(get('mean'))[run], 'pca_components': np.asarray(get('components'))[run],
-          'pca_scale': np.asarray(get('scale'))[run], 'w': np.asarray(out['params']['w'])[run]}
+          'pca_scale': np.asarray(get('scale'))[run], 'w': _one_sigma(np.asarray(out['params']['w'])[run], sigma)}
+
+
+def _one_sigma(w: np.ndarray, sigma: int) -> np.ndarray:
+  if w.ndim == 2:
+    return w
+  if not 0 <= sigma < w.shape[0]:
+    raise UserError(f'--sigma_index={sigma}: the training output holds sigmas 0..{w.shape[0] - 1} (config.sigmas)')
+  return w[sigma]
 
 
 def backbone_meta(backbone, layers=None, **extra) -> dict:
@@ -157,7 +166,7 @@ def check_backbone(adapter: Adapter, backbone, layers, source: str) -> None:
 
 # --------------------------------------------------------------------------- checkpoint -> adapter.npz
 
-def from_workdir(workdir: str, run: int = 0, out: str | None = None) -> str:
+def from_workdir(workdir: str, run: int = 0, out: str | None = None, sigma: int = 0) -> str:
   """Converts the latest Orbax checkpoint of an adaptation workdir into one run's adapter.npz."""
   import orbax.checkpoint as ocp
   if not os.path.isdir(workdir):
@@ -188,7 +197,11 @@ def from_workdir(workdir: str, run: int = 0, out: str | None = None) -> str:
   params = state['params'] if isinstance(state, Mapping) else state[0]
   meta['source'] = {**(meta.get('source') or {}), 'epoch': int(step)}
   out = out or os.path.join(workdir, 'adapter.npz')
-  return save_adapter(out, **run_arrays({'params': params, 'pcas': saved['pca']}, run), meta=meta)
+  try:
+    return save_adapter(out, **run_arrays({'params': params, 'pcas': saved['pca']}, run, sigma), meta=meta)
+  except OSError as e:
+    from visim_jax import runtime
+    raise runtime.os_error(e, out, 'writing the adapter') from e
 
 
 # ---------------------------------------------------------------------------------------------- the CLI
@@ -202,7 +215,7 @@ def main(argv):
   try:
     if not f.workdir:
       raise UserError('--workdir: required: the adaptation workdir holding checkpoints/')
-    path = from_workdir(f.workdir, f.run, f.out)
+    path = from_workdir(f.workdir, f.run, f.out, f.sigma_index)
     ad = load_adapter(path)
   except (UserError, OSError) as e:
     errors.report_and_exit(e, verbose=f.verbosity >= 1)
@@ -213,6 +226,7 @@ def _define_flags():  # only when run as a program: importing export defines no 
   from absl import flags
   flags.DEFINE_string('workdir', None, 'An adaptation workdir with checkpoints/.')
   flags.DEFINE_integer('run', 0, 'Which run of the R trained runs.')
+  flags.DEFINE_integer('sigma_index', 0, 'Which temperature of the run\'s config.sigmas (0 = the first).')
   flags.DEFINE_string('out', None, 'Output .npz (default WORKDIR/adapter.npz).')
 
 

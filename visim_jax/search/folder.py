@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from visim_jax import export, ops, report
+from visim_jax import export, ops, report, runtime
 from visim_jax.data import images as images_lib
 from visim_jax.errors import UserError
 from visim_jax.search import index as index_lib
@@ -106,6 +106,8 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
   t0 = time.time()
   query = [query] if isinstance(query, str) else list(query or [])
   _check_args(folder, query, k, formats)
+  all_mode = query == ['all']
+  query_files = None if all_mode else _expand_queries(query)  # a missing query fails before any extraction
   ad = export.load_adapter(adapter) if adapter else None
   bb = get_backbone(backbone or (ad.meta.get('backbone') if ad else None) or 'efficientnet_lite0')
   layer_list = (tuple(l.strip() for l in layers.split(',') if l.strip()) if layers
@@ -116,8 +118,8 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
     raise UserError(str(e).replace('config.layers', '--layers')) from None
   if ad is not None:
     export.check_backbone(ad, bb, layer_list, adapter)
+  runtime.check_writable_dir(out, 'output folder (--out)')  # before the extraction, not after it
   pairs_mode = _is_pairs_folder(folder)
-  all_mode = query == ['all']
   skipped: list[dict] = []
   fkw = dict(cache_dir=cache_dir, layers=layer_list, batch_size=batch_size, dtype=dtype, progress=progress,
              strict=strict, skipped=skipped)
@@ -143,7 +145,7 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
     query_paths, query_feats = index_paths, index_feats
     exclude = np.arange(len(index_paths), dtype=np.int32)
   else:
-    query_feats, query_paths = features_of(bb, _expand_queries(query), None, tag='search-query', **fkw)
+    query_feats, query_paths = features_of(bb, query_files, None, tag='search-query', **fkw)
     exclude = np.asarray([row_of.get(os.path.abspath(p), -1) for p in query_paths], np.int32)  # not itself
     if pairs_mode:  # left images of the pairs folder given by path: their partners are known too
       right_of = {os.path.abspath(l): os.path.abspath(r) for l, r in zip(pairs.left, pairs.right)}
@@ -186,9 +188,12 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
       'timing_s': {'features': t1 - t0, 'search': t2 - t1},
       'queries': queries_json if len(queries_json) <= 10000 else None,
   }
-  _write(out, summary, scores, idx, index_names, query_paths, ranks, formats, sheet_queries, sheet_k,
-         f'{bb.name}{" + adapter" if ad is not None else ""}: top {min(kk, sheet_k)} of {index.n} '
-         f'in {os.path.basename(os.path.abspath(folder))}')
+  try:
+    _write(out, summary, scores, idx, index_names, query_paths, ranks, formats, sheet_queries, sheet_k,
+           f'{bb.name}{" + adapter" if ad is not None else ""}: top {min(kk, sheet_k)} of {index.n} '
+           f'in {os.path.basename(os.path.abspath(folder))}')
+  except OSError as e:
+    raise runtime.os_error(e, out, 'writing the search results') from e
   if verbose:
     _print(summary, ranks, sheet_queries, out)
   return summary
