@@ -26,6 +26,7 @@ import os
 from typing import Iterable, Sequence
 
 import numpy as np
+from absl import logging
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from visim_jax.errors import UserError
@@ -121,7 +122,10 @@ def open_rgb(path: str | os.PathLike, alpha: str = 'white', exif: str = 'all',
       opened.load()  # force full decode: truncated files fail here, not later
       im = opened
       if exif == 'all' or (exif == 'jpeg' and opened.format == 'JPEG'):
-        im = ImageOps.exif_transpose(opened)
+        try:
+          im = ImageOps.exif_transpose(opened)
+        except Exception as e:  # an unreadable EXIF block: the stored orientation, as viewers show it
+          logging.warning('%s: unreadable EXIF orientation (%s); using the stored orientation', path, e)
       rgb = to_rgb(im, alpha, float_max)
       return rgb.copy() if rgb is opened else rgb  # closing `opened` frees its pixels
   except UnidentifiedImageError:
