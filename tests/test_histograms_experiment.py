@@ -81,12 +81,14 @@ def test_features_file_with_tree_end_to_end(tmp_path):
 
 def test_auto_uses_one_estimator_and_exhaustive_refuses_when_too_big(tmp_path):
   feats = feature_file(str(tmp_path / 'f.npz'), c=4)
-  out = main.run(local_config(dataset='features', features=feats, class_tree='', plots=False,
+  out = main.run(local_config(features=feats, plots=False,  # features alone select the source; no demo tree
                               **{'pairs.exhaustive_max': 100, 'pairs.n_intra': 300, 'pairs.n_inter': 200}),
                  str(tmp_path / 'wd'))
   e = out['estimator']
   assert e['name'] == 'random' and e['intra_pairs'] == 4 * 300 and e['inter_pairs'] == 4 * 200
   assert e['se_method'].startswith('independent') and out['standard_errors']['overlap'] > 0
+  assert out['data']['dataset'] == 'features' and 'hierarchy' not in out and "class_tree='demo'" in out['notes'][0]
+  assert 'backbone' not in json.load(open(tmp_path / 'wd' / 'config.json'))  # not used by a features run
   wd = str(tmp_path / 'wd2')
   with pytest.raises(UserError, match=r'config.pairs.mode: the exact pass needs .*pairs.max_seconds'):
     main.run(local_config(dataset='features', features=feats, class_tree='',
@@ -106,7 +108,9 @@ def test_bad_inputs_fail_before_writing(tmp_path):
   with pytest.raises(UserError, match=r'only 0 class.*5 omitted.*config.min_class_size'):
     main.run(local_config(dataset='features', features=p, class_tree=''), wd)
   with pytest.raises(ValueError, match='config.class_tree'):
-    main.run(local_config(dataset='features', features=p), wd)  # the built-in demo tree needs dataset=demo
+    main.run(local_config(dataset='features', features=p, class_tree=str(tmp_path / 'no_tree.txt')), wd)
+  with pytest.raises(ValueError, match='config.plot_classes'):
+    main.run(local_config(features=feature_file(str(tmp_path / 'f.npz')), class_tree='', plot_classes='nope'), wd)
   with pytest.raises(ValueError, match='config.pairs.mode'):
     main.run(local_config(dataset='features', features=p, class_tree='', **{'pairs.mode': 'all'}), wd)
   with pytest.raises(ValueError, match='config.source_stats'):

@@ -18,7 +18,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from visim_jax import features as features_lib
-from visim_jax import ops, report
+from visim_jax import ops, report, runtime
 from visim_jax.data import classes as classes_lib
 from visim_jax.errors import UserError
 from visim_jax.metrics import histograms as H
@@ -44,8 +44,6 @@ def validate_config(config) -> H.Options:
   need(config.dataset != 'folder' or config.data_dir, 'data_dir', 'a folder of class sub-folders is required')
   need(config.dataset != 'features' or config.features, 'features', 'an .npz path is required for dataset=features')
   need(config.dataset != 'tfds' or config.tfds.name, 'tfds.name', 'a TFDS dataset name is required for dataset=tfds')
-  need(config.class_tree != 'demo' or config.dataset == 'demo', 'class_tree',
-       "'demo' (the built-in tree) only goes with dataset=demo; set '' or a tree file")
   need(config.class_tree in ('', 'demo') or os.path.exists(config.class_tree), 'class_tree',
        f'{config.class_tree}: class tree file not found')
   p = config.pairs
@@ -127,22 +125,48 @@ def _csv(rows, header) -> str:
   return buf.getvalue()
 
 
-def choose_plot_classes(config, m, names) -> list[int]:
-  if config.plot_classes:
-    wanted = [c.strip() for c in config.plot_classes.split(',') if c.strip()]
-    unknown = [c for c in wanted if c not in names]
-    if unknown:
-      raise UserError(f'config.plot_classes: unknown class(es) {unknown}')
-    return [names.index(c) for c in wanted]
-  order = np.flatnonzero(m['valid'])[np.argsort(m['class_overlap'][m['valid']], kind='stable')]
-  return list(dict.fromkeys(int(p) for p in ([order[0], order[len(order) // 2], order[-1]] if len(order) >= 3
-                                             else order)))
+def write_outputs(workdir, config, m, names, knn_pc, node_rows, level_rows, chosen) -> list[str]:
+  """classes.csv, histograms.npz, nodes.csv + levels.csv (with a tree), plots: the files of metrics.json."""
+  valid, nan = m['valid'], float('nan')
+  per_class = lambda key, c: float(m[key][c]) if valid[c] else nan
+  class_rows = [[c, names[c], int(m['class_counts'][c]), int(valid[c]), per_class('class_overlap', c),
+                 per_class('class_mean_intra', c), per_class('class_std_intra', c), per_class('class_mean_inter', c),
+                 per_class('class_std_inter', c), int(m['hist_intra'][c].sum()), int(m['hist_inter'][c].sum()),
+                 float(knn_pc[c])] for c in range(len(names))]
+  files = ['config.json', 'fingerprint.json', 'metrics.json', 'classes.csv', 'histograms.npz']
+  if report.is_writer():
+    ops.atomic_write_text(os.path.join(workdir, 'classes.csv'), _csv(class_rows, [
+        'label', 'class', 'samples', 'evaluated', 'overlap', 'mean_intra', 'std_intra', 'mean_inter',
+        'std_inter', 'intra_pairs', 'inter_pairs', 'knn_accuracy']))
+    ops.save_npz_atomic(os.path.join(workdir, 'histograms.npz'), hist_intra=m['hist_intra'],
+                        hist_inter=m['hist_inter'], class_names=np.asarray(names), valid=valid,
+                        bin_edges=np.linspace(-1, 1, config.bins + 1).astype(np.float32))
+    if node_rows:
+      lkeys = ('level', 'nodes') + SCALARS
+      ops.atomic_write_text(os.path.join(workdir, 'nodes.csv'),
+                            _csv([[r[k] for k in NODE_KEYS] for r in node_rows], NODE_KEYS))
+      ops.atomic_write_text(os.path.join(workdir, 'levels.csv'), _csv([[r[k] for k in lkeys] for r in level_rows], lkeys))
+      files += ['nodes.csv', 'levels.csv']
+  if config.plots:
+    from visim_jax.plots import histograms as plots  # matplotlib only when plotting
+    plots.class_histograms(m, names, chosen, os.path.join(workdir, 'plots', 'class_histograms.png'), config.bins)
+    plots.overlap_distribution(m, os.path.join(workdir, 'plots', 'overlap_distribution.png'))
+    files += ['plots/class_histograms.png', 'plots/overlap_distribution.png']
+    if level_rows:
+      plots.levels(level_rows, os.path.join(workdir, 'plots', 'levels.png'))
+      files.append('plots/levels.png')
+  return files
 
 
 def run(config, workdir: str, progress: bool = True) -> dict:
+  config = features_lib.select_source(config)  # --config.features=x.npz alone selects dataset=features
   opts = validate_config(config)
-  tree = None
-  if config.class_tree:
+  tree, notes = None, []
+  if config.class_tree == 'demo' and config.dataset != 'demo':
+    notes.append(f"config.class_tree='demo' is the demo set's tree: no hierarchy for dataset={config.dataset} "
+                 "(give a tree file, or '' to silence this)")
+    runtime.say(notes[-1])
+  elif config.class_tree:
     tree = classes_lib.DEMO_TREE if config.class_tree == 'demo' else classes_lib.read_class_tree(config.class_tree)
 
   t0 = time.time()
@@ -206,47 +230,24 @@ def run(config, workdir: str, progress: bool = True) -> dict:
       'hardest_classes': [{'class': names[c], 'overlap': float(m['class_overlap'][c])} for c in order[::-1][:10]],
       'easiest_classes': [{'class': names[c], 'overlap': float(m['class_overlap'][c])} for c in order[:10]],
       'timing_s': {'features': round(t_feat, 3), 'metrics': round(t_metrics, 3), 'tree': round(t_tree, 3)},
-      'devices': [str(d) for d in jax.devices()],
+      'devices': [str(d) for d in jax.devices()], 'notes': notes,
   }
   if tree is not None:
     metrics['hierarchy'] = {'tree': config.class_tree, 'min_children': config.tree_min_children,
                             'nodes': len(node_rows), 'skipped_nodes': skipped_nodes, 'levels': level_rows, **tree_avg}
-  chosen = choose_plot_classes(config, m, names) if config.plots else []
-
-  # ---- write (everything above has succeeded)
-  os.makedirs(workdir, exist_ok=True)
-  report.write_config(workdir, config)
-  nan = float('nan')
-  per_class = lambda key, c: float(m[key][c]) if valid[c] else nan
-  class_rows = [[c, names[c], int(m['class_counts'][c]), int(valid[c]), per_class('class_overlap', c),
-                 per_class('class_mean_intra', c), per_class('class_std_intra', c), per_class('class_mean_inter', c),
-                 per_class('class_std_inter', c), int(m['hist_intra'][c].sum()), int(m['hist_inter'][c].sum()),
-                 float(knn_pc[c])] for c in range(num_classes)]
-  files = ['config.json', 'metrics.json', 'classes.csv', 'histograms.npz']
-  if report.is_writer():
-    ops.atomic_write_text(os.path.join(workdir, 'classes.csv'), _csv(class_rows, [
-        'label', 'class', 'samples', 'evaluated', 'overlap', 'mean_intra', 'std_intra', 'mean_inter',
-        'std_inter', 'intra_pairs', 'inter_pairs', 'knn_accuracy']))
-    ops.save_npz_atomic(os.path.join(workdir, 'histograms.npz'), hist_intra=m['hist_intra'],
-                        hist_inter=m['hist_inter'], class_names=np.asarray(names), valid=valid,
-                        bin_edges=np.linspace(-1, 1, config.bins + 1).astype(np.float32))
-    if tree is not None:
-      ops.atomic_write_text(os.path.join(workdir, 'nodes.csv'),
-                            _csv([[r[k] for k in NODE_KEYS] for r in node_rows], NODE_KEYS))
-      lkeys = ('level', 'nodes') + SCALARS
-      ops.atomic_write_text(os.path.join(workdir, 'levels.csv'), _csv([[r[k] for k in lkeys] for r in level_rows], lkeys))
-      files += ['nodes.csv', 'levels.csv']
+  chosen = []
   if config.plots:
     from visim_jax.plots import histograms as plots
-    plots.class_histograms(m, names, chosen, os.path.join(workdir, 'plots', 'class_histograms.png'), config.bins)
-    plots.overlap_distribution(m, os.path.join(workdir, 'plots', 'overlap_distribution.png'))
-    files += ['plots/class_histograms.png', 'plots/overlap_distribution.png']
-    if level_rows:
-      plots.levels(level_rows, os.path.join(workdir, 'plots', 'levels.png'))
-      files.append('plots/levels.png')
-  metrics['files'] = files
-  report.write_json(os.path.join(workdir, 'metrics.json'), metrics)
+    chosen = plots.choose_classes(m, names, config.plot_classes)
 
+  # ---- write (everything above has succeeded): under the workdir lock, config.json and metrics.json by the runtime
+  recorded = features_lib.recorded_config(config, uses_backbone=config.dataset != 'features')
+  with runtime.Run(workdir, recorded, runtime.fingerprint(recorded, [feats, labels]), checkpoint=False,
+                   progress=progress) as rt:
+    metrics['files'] = write_outputs(rt.workdir, config, m, names, knn_pc, node_rows, level_rows, chosen)
+    metrics = rt.write_metrics(metrics)
+
+  nan = float('nan')
   if report.is_writer():
     se = m['se']
     print(report.table([[k, v if v is not None else nan, se.get(k) if se.get(k) is not None else nan]

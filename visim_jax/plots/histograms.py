@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from visim_jax import report  # noqa: E402
+from visim_jax.errors import UserError  # noqa: E402
 from visim_jax.metrics.bins import bin_centers  # noqa: E402
 
 LEVEL_CURVES = (('overlap', 'o-'), ('max_overlap', 's--'), ('astd_inter', '^-'), ('astd_intra', 'v:'))
@@ -17,6 +18,20 @@ LEVEL_CURVES = (('overlap', 'o-'), ('max_overlap', 's--'), ('astd_inter', '^-'),
 def _probabilities(h):
   h = np.asarray(h, np.float64)
   return h / max(h.sum(), 1.0)
+
+
+def choose_classes(m: dict, names, wanted: str = '') -> list[int]:
+  """Classes for `class_histograms`: the comma-separated names in `wanted` (config.plot_classes), else the
+  lowest, median and highest overlap among the evaluated classes."""
+  if wanted:
+    wanted = [c.strip() for c in wanted.split(',') if c.strip()]
+    unknown = [c for c in wanted if c not in names]
+    if unknown:
+      raise UserError(f'config.plot_classes: unknown class(es) {unknown}; known: {list(names)[:20]}')
+    return [list(names).index(c) for c in wanted]
+  order = np.flatnonzero(m['valid'])[np.argsort(m['class_overlap'][m['valid']], kind='stable')]
+  picks = [order[0], order[len(order) // 2], order[-1]] if len(order) >= 3 else list(order)
+  return list(dict.fromkeys(int(p) for p in picks))
 
 
 def class_histograms(m: dict, names, chosen, path: str, bins: int) -> None:
