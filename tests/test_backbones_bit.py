@@ -56,6 +56,9 @@ class RefStage(nn.Module):
     super().__init__()
     self.blocks = nn.Sequential(*blocks)
 
+  def forward(self, x):
+    return self.blocks(x)
+
 
 class RefResNetV2(nn.Module):
 
@@ -80,7 +83,7 @@ class RefResNetV2(nn.Module):
     x = F.max_pool2d(F.pad(self.stem.conv(x), (1, 1, 1, 1)), 3, 2)
     out['stem'] = x
     for i, stage in enumerate(self.stages):
-      x = stage.blocks(x)
+      x = stage(x)
       out[f'stage{i + 1}'] = x
     out['norm'] = self.norm(x)
     out['pooled'] = out['norm'].mean(dim=(2, 3))

@@ -1,0 +1,166 @@
+r"""Feature extraction of one member per Table 1 family: our jitted path vs PyTorch on the same weights, same run.
+
+  python benchmarks/extract_families.py                                    # CPU-sized (a few minutes, 2 cores)
+  python benchmarks/extract_families.py --batch=128 --batches=10           # a GPU
+  python benchmarks/extract_families.py --members=resnet50,alexnet
+
+For each member: a PyTorch model with random weights (timing does not depend on their values) is converted by
+backbones/convert.py (the same path as the public checkpoints) and loaded into ours, so both run the same weights.
+PyTorch side: the reference implementation when installed (torchvision for the ResNets / AlexNet, timm for BiT),
+otherwise the PyTorch reference written in the parity tests (the same layers; the JSON says which), run the way the
+seed code extracts: forward hooks on the default layers' modules, then per-layer spatial mean + L2 + concat,
+`torch.inference_mode`, float32 on CPU / --torch_dtype on CUDA.
+Ours: `features.make_extract_fn` (uint8 in, normalise + network + pooling, one jitted program), --dtype.
+Both are timed on inputs already on the device; our compile time is reported apart. The float32 pooled features
+are compared (max |diff|). Prints one JSON object.
+
+Part B adds its members to MEMBERS (name -> function returning (torch module, {our layer: torch module path})).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, 'tests'))  # the parity tests' PyTorch references (fallback)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from visim_jax import features  # noqa: E402
+from visim_jax.backbones import convert, get_backbone  # noqa: E402
+
+_MEMBERS = flags.DEFINE_list('members', ['resnet50', 'bit_m_r50x1', 'alexnet'], 'Members to time.')
+_BATCH = flags.DEFINE_integer('batch', 4, 'Images per batch (GPU: 128).')
+_BATCHES = flags.DEFINE_integer('batches', 2, 'Timed batches (GPU: 10).')
+_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Our compute dtype.')
+_TORCH_DTYPE = flags.DEFINE_enum('torch_dtype', 'auto', ['auto', 'float32', 'bfloat16', 'float16'],
+                                 'PyTorch dtype; auto = bfloat16 on CUDA, float32 on CPU.')
+
+
+def _torchvision_resnet(name):
+  from visim_jax.backbones import resnet
+  hooks = {f'stage{i}': f'layer{i}' for i in range(1, 5)}
+  try:
+    import torchvision
+    ctor = {'resnet50': torchvision.models.resnet50, 'resnext101_32x8d_wsl': torchvision.models.resnext101_32x8d,
+            'resnet18': torchvision.models.resnet18}[name]
+    return ctor(), hooks, f'torchvision {torchvision.__version__} models.{ctor.__name__}'
+  except ImportError:
+    from test_backbones_resnet import RefResNet
+    return RefResNet(resnet.MEMBERS[name][0], 1000), hooks, 'tests/test_backbones_resnet.py RefResNet'
+
+
+def _timm_bit(name):
+  from visim_jax.backbones import bit
+  hooks = {'stage1': 'stages.0', 'stage2': 'stages.1', 'stage3': 'stages.2', 'norm': 'norm'}
+  try:
+    import timm
+    return timm.create_model(bit.MEMBERS[name][1], pretrained=False), hooks, f'timm {timm.__version__}'
+  except ImportError:
+    from test_backbones_bit import RefResNetV2
+    return RefResNetV2(bit.MEMBERS[name][0], 1000), hooks, 'tests/test_backbones_bit.py RefResNetV2 (timm 0.4.5 layers)'
+
+
+def _torchvision_alexnet(name):
+  from visim_jax.backbones import alexnet
+  try:
+    import torchvision
+    return torchvision.models.alexnet(), {'features': 'features'}, f'torchvision {torchvision.__version__} models.alexnet'
+  except ImportError:
+    from test_backbones_alexnet import RefAlexNet
+    return RefAlexNet(alexnet.CONVS), {'features': 'features'}, 'tests/test_backbones_alexnet.py RefAlexNet'
+
+
+# name -> builder(name) -> (torch module with the public state-dict names, {our layer: torch module path}, label)
+MEMBERS = {
+    'resnet50': _torchvision_resnet,
+    'resnet18': _torchvision_resnet,
+    'resnext101_32x8d_wsl': _torchvision_resnet,
+    'bit_m_r50x1': _timm_bit,
+    'alexnet': _torchvision_alexnet,
+}
+
+
+def timed(fn, repeats):
+  fn()  # warm-up
+  t = time.perf_counter()
+  for _ in range(repeats):
+    fn()
+  return (time.perf_counter() - t) / repeats
+
+
+def bench(name, tmp, torch, tdev, tdtype):
+  model, hooks, label = MEMBERS[name](name)
+  model = model.eval()
+  torch.save(model.state_dict(), os.path.join(tmp, f'{name}.pth'))
+  out = os.path.join(tmp, f'{name}.safetensors')
+  convert.convert(name, os.path.join(tmp, f'{name}.pth'), out)
+  bb = get_backbone(name, weights=out)
+  layers = tuple(hooks)
+  assert layers == bb.layers, (layers, bb.layers)
+  b, size = _BATCH.value, bb.preprocess.size
+  x = np.random.default_rng(0).integers(0, 256, (b, size, size, 3), dtype=np.uint8)
+  r = {'image_size': size, 'layers': list(layers), 'dim': int(sum(bb.layer_dims(layers).values()))
+       if hasattr(bb, 'layer_dims') else int(sum(features.layer_dims(bb, layers).values()))}
+
+  fn = features.make_extract_fn(bb, layers, jnp.dtype(_DTYPE.value))
+  variables, dev_x = jax.device_put(bb.variables), jax.device_put(x)
+  t0 = time.perf_counter()
+  ours = np.asarray(jax.block_until_ready(fn(variables, dev_x)))
+  r['ours_compile_s'] = time.perf_counter() - t0
+  r['ours_images_per_s'] = b / timed(lambda: jax.block_until_ready(fn(variables, dev_x)), _BATCHES.value)
+
+  captured = {}
+  modules = dict(model.named_modules())
+  for ours_name, path in hooks.items():
+    modules[path].register_forward_hook(lambda m, i, o, k=ours_name: captured.__setitem__(k, o))
+  xn = torch.from_numpy(np.asarray(bb.preprocess.normalise(x)).transpose(0, 3, 1, 2).copy())
+
+  def run_torch(model, xt):
+    with torch.inference_mode():
+      model(xt)
+      pooled = [torch.nn.functional.normalize(captured[l].float().mean(dim=(2, 3)), dim=1, eps=1e-12) for l in layers]
+      out = torch.cat(pooled, dim=1)
+    if tdev == 'cuda':
+      torch.cuda.synchronize()
+    return out
+
+  model_t, xt = model.to(tdev, tdtype), xn.to(tdev, tdtype)
+  r['reference'] = f'{label} on PyTorch {torch.__version__} ({tdev}, {str(tdtype).replace("torch.", "")}), hooks'
+  r['reference_images_per_s'] = b / timed(lambda: run_torch(model_t, xt), _BATCHES.value)
+  r['speedup'] = r['ours_images_per_s'] / r['reference_images_per_s']
+  want = run_torch(model.to(tdev, torch.float32), xn.to(tdev)).cpu().numpy()
+  got = ours if _DTYPE.value == 'float32' else np.asarray(features.make_extract_fn(bb, layers)(variables, dev_x))
+  r['max_abs_diff_pooled_fp32'] = float(np.abs(got - want).max())
+  return r
+
+
+def main(_):
+  import torch
+  torch.set_num_threads(os.cpu_count())
+  cuda = torch.cuda.is_available()
+  tdev = 'cuda' if cuda else 'cpu'
+  tdtype = {'auto': torch.bfloat16 if cuda else torch.float32, 'float32': torch.float32,
+            'bfloat16': torch.bfloat16, 'float16': torch.float16}[_TORCH_DTYPE.value]
+  unknown = sorted(set(_MEMBERS.value) - set(MEMBERS))
+  if unknown:
+    raise app.UsageError(f'--members: {unknown} unknown; known: {", ".join(MEMBERS)}')
+  result = {'benchmark': 'extract_families', 'devices': [str(d) for d in jax.devices()],
+            'device_kind': jax.devices()[0].device_kind, 'platform': jax.default_backend(), 'batch': _BATCH.value,
+            'batches': _BATCHES.value, 'dtype': _DTYPE.value, 'host_cpus': os.cpu_count(), 'members': {}}
+  with tempfile.TemporaryDirectory() as tmp:
+    for name in _MEMBERS.value:
+      torch.manual_seed(0)
+      result['members'][name] = bench(name, tmp, torch, tdev, tdtype)
+  print(json.dumps(result, indent=1))
+
+
+if __name__ == '__main__':
+  app.run(main)
