@@ -75,8 +75,8 @@ class RefViT(nn.Module):
     self.pos_embed = nn.Parameter(torch.zeros(1, grid * grid + 1, arch.width))
     self.blocks = nn.ModuleList([RefBlock(arch.width, arch.heads) for _ in range(arch.depth)])
     self.norm = nn.LayerNorm(arch.width, eps=1e-6)
-    if num_classes:  # timm's ImageNet head (the converter drops it)
-      self.head = nn.Linear(arch.width, num_classes)
+    # timm's ImageNet head (the converter drops it), or DINO's Identity: the module the seed code hooks
+    self.head = nn.Linear(arch.width, num_classes) if num_classes else nn.Identity()
 
   def forward(self, x):
     x = self.patch_embed(x)
@@ -86,6 +86,7 @@ class RefViT(nn.Module):
       x = blk(x)
       stages[f'block{i + 1}'] = x
     stages['pooled'] = self.norm(x)[:, 0]
+    self.head(stages['pooled'])
     return stages
 
 
