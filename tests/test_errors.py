@@ -1,0 +1,123 @@
+"""`python -m visim_jax.main` user errors: exit status 1 and ONE stderr line `error: <file or config.field>: ...`
+(no traceback unless --verbosity=1), nothing half-written; a second run into a busy workdir is refused."""
+import errno
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from visim_jax import errors, runtime
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ['--config.runs=2', '--config.epochs=4', '--config.pca_dim=4', '--config.adapt_dim=8', '--config.ks=(1,2)',
+         '--config.checkpoint_every=2', '--config.plots=False']
+
+
+def feats(path, n=40, d=6, **override):
+  rng = np.random.RandomState(0)
+  left = rng.randn(n, d).astype(np.float32)
+  arrays = dict(left=left, right=left + 0.3 * rng.randn(n, d).astype(np.float32))
+  arrays.update(override)
+  np.savez(path, **arrays)
+  return str(path)
+
+
+def cli(*args, code=None):
+  """Runs the CLI (or `code` before it, e.g. to set a fault hook); returns (returncode, stdout, stderr)."""
+  argv = ['visim', *args]
+  prog = (code or '') + f'\nimport sys\nsys.argv = {argv!r}\nfrom visim_jax import main\nmain.run_main()\n'
+  r = subprocess.run([sys.executable, '-c', prog], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                     env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  return r.returncode, r.stdout, r.stderr
+
+
+def one_error_line(stderr):
+  """The one `error:` line (progress bars may precede it; no traceback, nothing after it)."""
+  lines = [l for l in stderr.splitlines() if l.strip()]
+  errs = [l for l in lines if l.startswith('error: ')]
+  assert len(errs) == 1 and lines[-1] == errs[0] and 'Traceback' not in stderr, stderr[-3000:]
+  return errs[0][len('error: '):]
+
+
+def test_unknown_field_names_it_and_the_known_ones(tmp_path):
+  rc, _, err = cli('--config=configs/demo.py', f'--workdir={tmp_path / "w"}', '--config.demo.rot=3')
+  assert rc == 1 and one_error_line(err) == 'config.demo.rot: unknown field; known: n_pairs, root, seed'
+  rc, _, err = cli('--config=configs/demo.py', f'--workdir={tmp_path / "w"}', '--config.runs=abc')
+  assert rc == 1 and one_error_line(err).startswith('config.runs: cannot use the value')
+  assert not (tmp_path / 'w').exists()
+
+
+@pytest.mark.parametrize('case', ['missing', 'nan', 'string', 'broken_link', 'workdir_is_file', 'cache_dir'])
+def test_user_errors_are_one_line_naming_the_file(tmp_path, case):
+  wd, f = tmp_path / 'w', tmp_path / 'f.npz'
+  args = ['--config=configs/tll.py', f'--workdir={wd}', *SMALL]
+  if case == 'missing':
+    want = f'config.features: {tmp_path / "none.npz"} not found'
+    args.append(f'--config.features={tmp_path / "none.npz"}')
+  elif case == 'nan':
+    left = np.ones((40, 6), np.float32) + np.arange(40)[:, None]
+    left[5, 2] = np.nan
+    args.append(f'--config.features={feats(f, left=left)}')
+    want = f'{f}: left features have NaN/Inf in 1 row(s)'
+  elif case == 'string':
+    args.append(f'--config.features={feats(f, right=np.array(["a"] * 40))}')
+    want = f"config.features: {f}: array 'right' holds <U1 values"
+  elif case == 'broken_link':
+    os.symlink(tmp_path / 'gone.npz', f)
+    args.append(f'--config.features={f}')
+    want = f'config.features: {f} is a broken symbolic link'
+  elif case == 'workdir_is_file':
+    wd.write_text('x')
+    args.append(f'--config.features={feats(f)}')
+    want = f'{wd}: workdir is a file, not a folder'
+  else:  # a cache folder that cannot be created (a file is in the way), found before any image is read
+    (tmp_path / 'file').write_text('x')
+    args += ['--config.dataset=demo', f'--config.demo.root={tmp_path / "file" / "demo"}',
+             f'--config.cache_dir={tmp_path / "file" / "cache"}']
+    want = str(tmp_path / 'file')
+  rc, _, err = cli(*args)
+  msg = one_error_line(err)
+  assert rc == 1 and want in msg, msg
+  assert case == 'workdir_is_file' or not wd.exists()
+
+
+def test_disk_full_during_save_then_rerun(tmp_path):
+  wd, args = tmp_path / 'w', ['--config=configs/tll.py', f'--workdir={tmp_path / "w"}', *SMALL,
+                              f'--config.features={feats(tmp_path / "f.npz")}']
+  hook = ('import errno\nfrom visim_jax import runtime\ndef hook(phase, step, d):\n'
+          '  if phase == "during_save" and step == 4:\n    raise OSError(errno.ENOSPC, "No space left on device")\n'
+          'runtime.FAULT_HOOK = hook\n')
+  rc, _, err = cli(*args, code=hook)
+  msg = one_error_line(err)
+  assert rc == 1 and msg.startswith(f'{wd / "checkpoints"}: saving checkpoint step 4 failed; the disk is full')
+  leftovers = [n for _, dirs, files in os.walk(wd) for n in dirs + files if 'tmp' in n]
+  assert not leftovers and not (wd / 'metrics.json').exists()
+  rc, out, err = cli(*args)
+  assert rc == 0, err[-2000:]
+  assert 'resuming from step 2' in out and json.load(open(wd / 'metrics.json'))['fingerprint']
+
+
+def test_busy_workdir_is_refused_naming_the_holder(tmp_path):
+  args = ['--config=configs/tll.py', f'--workdir={tmp_path}', *SMALL, f'--config.features={feats(tmp_path / "f.npz")}']
+  fp = runtime.fingerprint({}, [])
+  with runtime.Run(str(tmp_path), {}, fp, checkpoint=False, progress=False):
+    rc, _, err = cli(*args)
+  assert rc == 1 and one_error_line(err).startswith(f'{tmp_path}: another run is using this workdir (pid {os.getpid()}')
+  assert json.load(open(tmp_path / 'config.json')) == {}  # the refused run wrote nothing
+
+
+def test_traceback_only_when_asked(tmp_path):
+  rc, _, err = cli('--config=configs/tll.py', f'--workdir={tmp_path / "w"}', '--verbosity=1')
+  assert rc == 1 and 'Traceback' in err and err.strip().splitlines()[-1].startswith('error: config.data_dir')
+
+
+def test_is_user_error():
+  assert errors.is_user_error(errors.UserError('x')) and errors.is_user_error(FileNotFoundError('x'))
+  assert errors.is_user_error(OSError(errno.ENOSPC, 'full')) and errors.is_user_error(ValueError('config.x: bad'))
+  assert not errors.is_user_error(ValueError('shapes (3,) and (4,) not aligned'))
+  assert not errors.is_user_error(TypeError('x'))
+  e = OSError(errno.ENOSPC, 'No space left on device', '/data/x.npz')
+  assert errors.one_line(e) == '/data/x.npz: No space left on device; the disk is full: free some space and rerun'
