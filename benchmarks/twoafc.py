@@ -5,7 +5,8 @@ r"""2AFC evaluation throughput (triplets/s): our jitted path vs the NumPy code a
 
 Paths timed in the same run, on the same random feature table and triples:
   jax_cosine      visim_jax.metrics.twoafc.cosine_scores: normalise the table once, gather, per-triple score
-  jax_cs_models   visim_jax.triplets.predict_all: K context models (embed the table, distances + ranking block)
+  jax_cs_models   visim_jax.triplets.predict_all: K context models (embed the table, cosine distances +
+                  the antisymmetric ranking block)
   numpy_vector    the same cosine 2AFC in vectorised NumPy
   python_loop     a per-triple Python loop with np.dot (run on --loop_triplets triples, rate extrapolated)
 Compile time is reported apart (first call minus a steady call). Prints one JSON object.
@@ -96,8 +97,8 @@ def main():
   if a.models > 0:
     hp = cs.Hparams(embed_dim=a.embed_dim, hidden=a.embed_dim)
     params = jax.vmap(lambda k: cs.init(k, a.dim, hp))(jax.random.split(jax.random.PRNGKey(0), a.models))
-    pred = jax.jit(cs.predict_all, static_argnums=5)
-    run = lambda: jax.block_until_ready(pred(params, *dev[:4], True))
+    pred = jax.jit(cs.predict_all)
+    run = lambda: jax.block_until_ready(pred(params, *dev[:4]))
     _, first, steady = _timeit(run, a.repeats)
     res['paths']['jax_cs_models'] = {'seconds': steady, 'compile_s': max(first - steady, 0.0),
                                      'model_triplets_per_s': a.models * a.n_triplets / steady,

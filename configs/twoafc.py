@@ -14,7 +14,7 @@ pipeline: on the real annotations their accuracies are chance by construction (m
 """
 import ml_collections
 
-from visim_jax.backbones import config as backbone_config
+from visim_jax import features
 
 
 def get_config(arg=None):
@@ -28,26 +28,31 @@ def get_config(arg=None):
   # backbone (image_dir only)
   # backbone, backbone_kwargs.{weights,random_init,tiny}, layers ('' = its default pooled stages),
   # image_batch_size, dtype ('float32' | 'bfloat16'), cache_dir ('' = ~/.cache/visim_jax/features)
-  backbone_config.add_fields(c)
+  features.add_fields(c)
 
-  # context-sensitive models (one head per dist_<ref> set, all trained in one vmapped program)
+  # context-sensitive models (one head per dist_<ref> set + the global model, one vmapped program)
   c.model = ml_collections.ConfigDict({
-      'train_fraction': 2 / 3, 'embed_dim': 256, 'hidden': 256, 'triplet_weight': 0.1, 'normalize': True,
-      'lr': 1e-3, 'weight_decay': 1e-4, 'steps': 1000, 'batch_size': 64, 'swap': True})
+      'split': 'file_order',     # authors': last third of each file held out; 'random': seeded, by row
+      'train_fraction': 2 / 3, 'embed_dim': 256, 'hidden': 256,   # hidden 0: linear ranking block
+      'triplet_weight': 0.1, 'normalize': True, 'lr': 1e-3, 'weight_decay': 1e-4, 'steps': 1000,
+      'batch_size': 64, 'swap': True, 'global_model': True, 'chunk_steps': 250})
 
-  # ensembles (fitted on mulref_val, evaluated on mulref_test)
+  # ensembles (fitted on mulref_val, evaluated on mulref_test); authors' dist_cluster.py values
   c.ensemble = ml_collections.ConfigDict({
-      'grid': 200, 'window': 21, 'threshold': 0.7,
-      'mlp_dim': 64, 'mlp_hidden': 64, 'mlp_steps': 1000, 'mlp_lr': 1e-3, 'mlp_seeds': 3})
+      'grid': 200, 'window': 10, 'threshold': 0.75,
+      'pca_fit': 'val',          # PCA fitted on the mulref_val references; 'authors': 320 of them + the 8 contexts
+      'mlp_dim': 64, 'mlp_hidden': 16, 'mlp_epochs': 200, 'mlp_lr': 1e-3, 'mlp_alpha': 1e-4, 'mlp_batch': 200,
+      'mlp_seeds': 3, 'sweep': True})
 
-  c.n_boot = 1000              # bootstrap resamples (over references) for the 95% intervals; 0: none
+  c.n_boot = 1000              # bootstrap resamples (references / annotation rows) for the intervals; 0: none
+  c.ci_level = 0.95
   c.seed = 0
   c.plots = True
 
   if arg == 'local':
     c.stand_in_dim = 32
-    c.model.embed_dim, c.model.hidden, c.model.steps = 32, 32, 100
-    c.ensemble.mlp_steps, c.ensemble.mlp_seeds = 100, 2
+    c.model.embed_dim, c.model.hidden, c.model.steps, c.model.chunk_steps = 32, 32, 100, 50
+    c.ensemble.mlp_epochs, c.ensemble.mlp_seeds = 50, 2
     c.n_boot = 100
   elif arg:
     raise ValueError(f'configs/twoafc.py: unknown argument {arg!r} (known: local)')

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from visim_jax.data import triplets as T
+from visim_jax.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COSIS = os.path.join(REPO, '..', 'shared', 'data', 'cosis')
@@ -66,6 +67,29 @@ def test_filename_dict():
   assert all(k in d for k in test.keys())
 
 
+@needs_data
+def test_file_order_split_sizes():
+  # the authors' get_mixing_data: the first len * 2 // 3 triples of each file train, the last third is held out
+  for ref, rows in ((715, 335), (2723, 336), (2352, 334)):
+    t = T.load_cosis(os.path.join(COSIS, f'dist_{ref}.txt'))
+    train, held = T.split_context(t)
+    assert len(train) == 3 * rows * 2 // 3 and len(held) == 3 * rows - 3 * rows * 2 // 3
+    np.testing.assert_array_equal(np.r_[train, held], np.arange(3 * rows))   # file order, nothing lost
+    assert t.line[held[-1]] == t.line[-1]                                        # the file's last rows
+  assert [len(x) for x in T.split_context(T.load_cosis(os.path.join(COSIS, 'dist_715.txt')))] == [670, 335]
+  assert [len(x) for x in T.split_context(T.load_cosis(os.path.join(COSIS, 'dist_2723.txt')))] == [672, 336]
+
+
+def test_random_split_keeps_rows_together(tmp_path):
+  body = ''.join(f'1000 {3 * i + 1} 1 {3 * i + 2} 2 {3 * i + 3} 3\n' for i in range(30))
+  t = T.load_cosis(_write(tmp_path, 'dist_5.txt', body))
+  train, held = T.split_context(t, 'random', 2 / 3, seed=0)
+  assert len(train) == 60 and len(held) == 30 and not set(t.line[train]) & set(t.line[held])
+  assert sorted(np.r_[train, held]) == list(range(90))
+  with pytest.raises(UserError, match='config.model.split'):
+    T.split_context(t, 'shuffle')
+
+
 def _write(tmp_path, name, text):
   p = tmp_path / name
   p.write_text(text)
@@ -91,7 +115,7 @@ def test_header_detection_and_blank_lines(tmp_path):
 ])
 def test_malformed_rows_name_the_line(tmp_path, text, line, msg):
   p = _write(tmp_path, 'dist_1.txt', text)
-  with pytest.raises(ValueError, match=rf'dist_1.txt:line {line}: .*{msg}'):
+  with pytest.raises(UserError, match=rf'dist_1.txt:line {line}: .*{msg}'):
     T.load_cosis(p)
 
 
@@ -103,24 +127,24 @@ def test_image_folder_resolution_and_errors(tmp_path):
   (bg / 'testval').mkdir(parents=True)
   for n in ('img_a', 'img_b', 'img_c'):
     (bg / 'testval' / f'{n}.jpg').write_bytes(b'x')
-  with pytest.raises(FileNotFoundError, match=r'dist_0.txt:line 1: image val/3 \(img_d\.\*\) not found'):
+  with pytest.raises(UserError, match=r'dist_0.txt:line 1: image val/3 \(img_d\.\*\) not found'):
     T.resolve_images([labels], names, str(bg))
   (bg / 'testval' / 'img_d.png').write_bytes(b'x')
   paths = T.resolve_images([labels], names, str(bg))
   assert paths['val/3'].endswith('testval/img_d.png') and len(paths) == 4
   missing = T.load_cosis(_write(tmp_path, 'dist_9.txt', '0 1 1 2 2 9 3\n'))
-  with pytest.raises(KeyError, match=r'dist_9.txt:line 1: image id val/9 is not in filename_dict'):
+  with pytest.raises(UserError, match=r'dist_9.txt:line 1: image id val/9 is not in filename_dict'):
     T.resolve_images([missing], names, str(bg))
-  with pytest.raises(ValueError, match=r'bad_dict.txt:line 2'):
+  with pytest.raises(UserError, match=r'bad_dict.txt:line 2'):
     T.read_filename_dict(_write(tmp_path, 'bad_dict.txt', '0 val a\n1 test b\n'))
-  with pytest.raises(ValueError, match=r'line 2: duplicate id val/0'):
+  with pytest.raises(UserError, match=r'line 2: duplicate id val/0'):
     T.read_filename_dict(_write(tmp_path, 'dup_dict.txt', '0 val a\n0 val b\n'))
 
 
 def test_feature_table_indices_name_the_line(tmp_path):
   t = T.load_cosis(_write(tmp_path, 'dist_0.txt', '0 1 1 2 2 3 3\n0 1 1 2 2 7 3\n'))
   table = {f'val/{i}': i for i in range(4)}
-  with pytest.raises(KeyError, match=r"dist_0.txt:line 2: image 'val/7' has no row"):
+  with pytest.raises(UserError, match=r"dist_0.txt:line 2: image 'val/7' has no row"):
     t.indices(table)
   r, a, b = t.subset(np.arange(3)).indices(table)
   assert list(r) == [0, 0, 0] and list(a) == [1, 1, 2] and list(b) == [2, 3, 3]
@@ -134,7 +158,7 @@ def test_generic_csv(tmp_path):
   t = T.load_triplet_csv(p)
   assert list(t.a_closer) == [True, False] and list(t.line) == [2, 3]
   assert t.ref[0] == str(tmp_path / 'r.png')
-  with pytest.raises(ValueError, match=r'set2.csv:line 1: label'):
+  with pytest.raises(UserError, match=r'set2.csv:line 1: label'):
     T.load_triplet_csv(_write(tmp_path, 'set2.csv', 'r.png,x.png,y.png,maybe\n'))
-  with pytest.raises(FileNotFoundError, match=r"set3.csv:line 1: image 'z.png' not found"):
+  with pytest.raises(UserError, match=r"set3.csv:line 1: image 'z.png' not found"):
     T.load_triplet_csv(_write(tmp_path, 'set3.csv', 'r.png,x.png,z.png,1\n'))

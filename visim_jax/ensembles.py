@@ -1,155 +1,246 @@
-"""Ensembles of context-sensitive models (paper 004, Sec. 4.2, Figs. 5-6, Table 6).
+"""Ensembles of context-sensitive models (paper 004, Sec. 4.2, Figs. 5, 6, 8, Tables 6-7), as the authors combine them.
 
-Every ensemble is a weighted vote of the K models' answers v_k in {+1 (A closer), -1 (B closer), 0 (tie)}:
-  decision(t) = sign(sum_k w_k(t) v_k(t)),  scored like any 2AFC answer (1 right, 0 wrong, 1/2 on a tie).
-The weights of a triple depend on its reference image only; they are fitted on `mulref_val` (per-reference
-accuracy of each model) and applied to unseen references (`mulref_test`).
+Each of the K models gives, for a triple (R, A, B), its cosine distances d_k(R, A) and d_k(R, B) (authors'
+dist_cluster.py: `cosine_distances` of each model's embeddings). A weighted ensemble fuses the distances:
 
-  majority vote     w_k = 1.
-  PCA credibility   (Sec. 4.2 'Ensemble based on Credibility Maps', Fig. 5) a 2-D PCA of the fit references'
-  map               features; the bounding box of their 2-D coordinates (widened by `pad` on each side) cut
-                    into grid x grid cells (200 x 200); model k's map at a cell is the mean per-reference
-                    accuracy of the fit references inside a window x window block of cells centred on it
-                    (a sliding-window mean; every reference counts once). Cells with no reference in their
-                    window take the model's mean per-reference accuracy. A new reference is projected,
-                    clipped into the box, and reads credibility c_k from its cell.
-                    Threshold weighting (our reading of 'determine the contribution of each CS model'):
-                    w_k = max(c_k - threshold, 0): only models locally better than the threshold vote, in
-                    proportion to their excess; where none is, the locally most credible model decides.
-  MLP weights       (Sec. 4.2 'ML-Based Ensemble Strategy', Fig. 6) reference features reduced by PCA
-                    (64 dims, whitened: unit variance per component) feed K small MLPs (one per model,
-                    P -> hidden -> ReLU -> 1 -> sigmoid), each regressing its model's per-reference accuracy
-                    (MSE over the fit references, Adam). At test time w_k = p_k / sum_j p_j.
+  decision(t) = sign( sum_k w_k(R) d_k(R, B) - sum_k w_k(R) d_k(R, A) )     +1: A closer, -1: B closer, 0: tie
+
+(`get_weighted_distance` / `get_weighted_preds`), with weights that depend on the reference R only, fitted on
+mulref_val from each model's per-reference correctness (the mean score of its triples with that reference).
+Every decision is antisymmetric in (A, B) by construction. A tie scores 1/2.
+
+  majority vote   sign(sum_k sign(d_k(R, B) - d_k(R, A))): the paper's Table 6 row; a 4-4 split is a tie.
+  PCA credibility (`dist_sliding.py`, `get_ensemble_strategy2d(mode='thres')`) a 2-D PCA of the reference
+  maps            features; per axis `grid`+1 edges spanning the fit points (np.linspace(min, max)); a point
+                  falls in bin i when edge_i <= x < edge_i+1, points outside go to the first / last bin. Model
+                  k's credibility at cell (i, j) is the mean per-reference correctness of the fit references
+                  whose cell lies in rows [i - h, i + h) x columns [j - h, j + h), h = window // 2 (the
+                  authors' slice, 10 cells for window 10), each reference once; undefined where that window
+                  holds no reference. Weights: w_k = c_k where c_k > threshold (0.75), else 0; where no model
+                  passes but the window holds references, the most credible model alone decides (w = 1);
+                  then w / sum(w); an empty window gives 1/K to every model.
+  MLP weights     (`ml_ensemble`, sklearn `MLPRegressor(hidden_layer_sizes=16, activation='logistic',
+                  learning_rate_init=1e-3)`) one regressor per model on the 64-D PCA of the reference features:
+                  P -> 16 logistic units -> 1 (identity), squared loss + L2 (alpha 1e-4), Adam, minibatches of
+                  min(200, R), 200 epochs; fitted on the model's per-reference correctness. w_k = p_k / sum_j p_j.
+
+A subset of the models (Fig. 8: every one of the 2^K - 1 subsets) is a 0/1 mask over k: each rule above is
+applied to the models in the mask only (the PCA rule's 1/K becomes 1/|subset|). `subset_sweep` evaluates every
+subset in one vmapped program.
 """
 from __future__ import annotations
 
+import functools
+import itertools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
-from visim_jax import pca as pca_lib
 
+# ------------------------------------------------------------------------------------------- decisions
 
-def weighted_vote(votes: jax.Array, weights: jax.Array) -> jax.Array:
-  """sign(sum_k w_k v_k): votes (K, T), weights (K, T) or (K,) -> (T,) in {+1, -1, 0}."""
+def fused_decision(d_a: jax.Array, d_b: jax.Array, weights: jax.Array) -> jax.Array:
+  """sign(sum_k w_k d_k(R, B) - sum_k w_k d_k(R, A)): d_a, d_b (K, T); weights (K, T) or (K,) -> (T,)."""
   w = weights if weights.ndim == 2 else weights[:, None]
-  return jnp.sign(jnp.sum(w * votes.astype(jnp.float32), axis=0))
+  return jnp.sign(jnp.sum(w * d_b, 0) - jnp.sum(w * d_a, 0))
 
 
-def vote_scores(decision: jax.Array, a_closer: jax.Array) -> jax.Array:
-  """Per-triple 2AFC scores of ensemble decisions (1 right, 0 wrong, 0.5 tie)."""
+def majority_decision(d_a: jax.Array, d_b: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+  """sign of the sum of the (masked) models' votes sign(d_k(R, B) - d_k(R, A)); an even split is 0."""
+  votes = jnp.sign(d_b - d_a)
+  if mask is not None:
+    votes = votes * mask[:, None]
+  return jnp.sign(votes.sum(0))
+
+
+def decision_scores(decision: jax.Array, a_closer: jax.Array) -> jax.Array:
+  """Per-triple 2AFC scores of decisions in {+1, -1, 0}: 1 right, 0 wrong, 1/2 on a tie."""
   return 0.5 * (1.0 + decision * jnp.where(a_closer, 1.0, -1.0))
 
 
-def majority_weights(k: int, t: int) -> jax.Array:
-  return jnp.ones((k, t), jnp.float32)
-
-
-# --------------------------------------------------------------------------------- credibility maps
+# ------------------------------------------------------------------------------------ credibility maps
 
 class CredibilityMaps(NamedTuple):
-  pca: pca_lib.PCA     # 2-D projection of reference features
-  lo: jax.Array        # (2,) lower corner of the grid box
-  hi: jax.Array        # (2,) upper corner
-  maps: jax.Array      # (K, G, G) credibility (sliding-window mean per-reference accuracy)
-  support: jax.Array   # (G, G) number of fit references inside each cell's window
+  edges: jax.Array     # (2, grid + 1) bin edges per axis (np.linspace over the fit points)
+  maps: jax.Array      # (K, grid, grid) windowed mean per-reference correctness; NaN where the window is empty
+  count: jax.Array     # (grid, grid) number of fit references in each cell's window
 
 
-def cells(lo, hi, grid: int, xy: jax.Array) -> jax.Array:
-  """(M, 2) int cell indices of 2-D points, clipped into the grid."""
-  ij = jnp.floor((xy - lo) / jnp.maximum(hi - lo, 1e-12) * grid).astype(jnp.int32)
-  return jnp.clip(ij, 0, grid - 1)
-
-
-def box_sum(x: jax.Array, window: int) -> jax.Array:
-  """Sum over a window x window block centred on each cell (zero outside), same shape (..., G, G)."""
-  dims = (1,) * (x.ndim - 2) + (window, window)
-  return jax.lax.reduce_window(x, 0.0, jax.lax.add, dims, (1,) * x.ndim, 'SAME')
-
-
-def fit_credibility(ref_feats: jax.Array, per_ref_acc: jax.Array, grid: int = 200, window: int = 21,
-                    pad: float = 0.02) -> CredibilityMaps:
-  """Credibility maps of K models from their per-reference accuracy (K, R) at R references (R, D)."""
-  p = pca_lib.fit(ref_feats, 2)
-  xy = pca_lib.transform(p, ref_feats)
+def grid_edges(xy: jax.Array, grid: int) -> jax.Array:
+  """(2, grid + 1) edges: linspace(min, max, grid + 1) of each axis of the 2-D fit points (authors' get_bins)."""
   lo, hi = xy.min(0), xy.max(0)
-  span = jnp.maximum(hi - lo, 1e-6)
-  lo, hi = lo - pad * span, hi + pad * span
-  ij = cells(lo, hi, grid, xy)
+  t = jnp.linspace(0.0, 1.0, grid + 1)
+  return lo[:, None] + (hi - lo)[:, None] * t[None, :]
+
+
+def cells(edges: jax.Array, xy: jax.Array) -> jax.Array:
+  """(M, 2) int32 bins: edge_i <= x < edge_i+1; below the first edge -> 0, at or above the last -> grid - 1."""
+  grid = edges.shape[1] - 1
+  ij = [jnp.searchsorted(edges[d], xy[:, d], side='right') - 1 for d in range(2)]
+  return jnp.clip(jnp.stack(ij, 1), 0, grid - 1).astype(jnp.int32)
+
+
+def window_sum(x: jax.Array, window: int) -> jax.Array:
+  """Sum over rows [i - h, i + h) and columns [j - h, j + h) (clipped to the grid), h = window // 2; (..., G, G)."""
+  h = window // 2
+  dims = (1,) * (x.ndim - 2) + (2 * h, 2 * h)
+  pad = ((0, 0),) * (x.ndim - 2) + ((h, h - 1), (h, h - 1))
+  return jax.lax.reduce_window(x, 0.0, jax.lax.add, dims, (1,) * x.ndim, pad)
+
+
+@functools.partial(jax.jit, static_argnames=('grid', 'window'))
+def fit_credibility(xy: jax.Array, per_ref_acc: jax.Array, grid: int = 200, window: int = 10) -> CredibilityMaps:
+  """Credibility maps of K models from their per-reference correctness (K, R) at R fit points xy (R, 2)."""
+  edges = grid_edges(xy, grid)
+  ij = cells(edges, xy)
   flat = ij[:, 0] * grid + ij[:, 1]
   count = jnp.zeros((grid * grid,)).at[flat].add(1.0).reshape(grid, grid)
   sums = jax.vmap(lambda a: jnp.zeros((grid * grid,)).at[flat].add(a))(per_ref_acc.astype(jnp.float32))
-  sums = sums.reshape(-1, grid, grid)
-  support = box_sum(count, window)
-  fallback = per_ref_acc.mean(1)[:, None, None]
-  maps = jnp.where(support > 0, box_sum(sums, window) / jnp.maximum(support, 1.0), fallback)
-  return CredibilityMaps(p, lo, hi, maps, support)
+  wcount = window_sum(count, window)
+  wsum = window_sum(sums.reshape(-1, grid, grid), window)
+  maps = jnp.where(wcount > 0, wsum / jnp.maximum(wcount, 1.0), jnp.nan)
+  return CredibilityMaps(edges, maps, wcount)
 
 
-def credibility(cm: CredibilityMaps, ref_feats: jax.Array) -> jax.Array:
-  """(K, M) credibility of each model at M references (looked up in their cells)."""
-  ij = cells(cm.lo, cm.hi, cm.maps.shape[-1], pca_lib.transform(cm.pca, ref_feats))
-  return cm.maps[:, ij[:, 0], ij[:, 1]]
+def credibility(cm: CredibilityMaps, xy: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """((K, M) credibility, NaN in empty windows; (M,) window counts) of M points (their cells)."""
+  ij = cells(cm.edges, xy)
+  return cm.maps[:, ij[:, 0], ij[:, 1]], cm.count[ij[:, 0], ij[:, 1]]
 
 
-def threshold_weights(cred: jax.Array, threshold: float) -> jax.Array:
-  """w_k = max(c_k - threshold, 0); a column with no model above the threshold: one-hot on its best model."""
-  w = jnp.maximum(cred - threshold, 0.0)
-  best = jax.nn.one_hot(jnp.argmax(cred, axis=0), cred.shape[0], axis=0)
-  return jnp.where(w.sum(0, keepdims=True) > 0, w, best)
+def threshold_weights(cred: jax.Array, count: jax.Array, threshold: float = 0.75,
+                      mask: jax.Array | None = None) -> jax.Array:
+  """The authors' 'thres' strategy on (K, M) credibilities -> (K, M) weights summing to 1 over the masked models."""
+  k = cred.shape[0]
+  m = jnp.ones((k,), bool) if mask is None else mask.astype(bool)
+  c = jnp.where(m[:, None], jnp.nan_to_num(cred, nan=0.0), 0.0)
+  w = jnp.where(c > threshold, c, 0.0)
+  best = jax.nn.one_hot(jnp.argmax(jnp.where(m[:, None], c, -jnp.inf), axis=0), k, axis=0)
+  w = jnp.where((w.sum(0) == 0) & (count > 0), best, w)
+  total = w.sum(0, keepdims=True)
+  uniform = m[:, None] / jnp.maximum(m.sum(), 1)
+  return jnp.where(total > 0, w / jnp.where(total > 0, total, 1.0), uniform)
 
 
-# -------------------------------------------------------------------------------------------- MLP
-
-class MLPWeights(NamedTuple):
-  pca: pca_lib.PCA
-  params: dict         # K MLPs stacked on the leading axis (and seeds before it, when vmapped)
-
+# ------------------------------------------------------------------------------------------------- MLP
 
 def mlp_init(key: jax.Array, in_dim: int, hidden: int) -> dict:
-  k1, k2 = jax.random.split(key)
-  return {'w1': jax.random.normal(k1, (in_dim, hidden)) * jnp.sqrt(2.0 / in_dim), 'b1': jnp.zeros((hidden,)),
-          'w2': jax.random.normal(k2, (hidden,)) * jnp.sqrt(1.0 / hidden), 'b2': jnp.zeros(())}
+  """sklearn's MLPRegressor init for logistic units: U(-b, b), b = sqrt(2 / (fan_in + fan_out)), biases too."""
+  ks = jax.random.split(key, 4)
+  u = lambda k, shape, fi, fo: jax.random.uniform(k, shape, jnp.float32, -1, 1) * jnp.sqrt(2.0 / (fi + fo))
+  return {'w1': u(ks[0], (in_dim, hidden), in_dim, hidden), 'b1': u(ks[1], (hidden,), in_dim, hidden),
+          'w2': u(ks[2], (hidden,), hidden, 1), 'b2': u(ks[3], (), hidden, 1)}
 
 
 def mlp_apply(params: dict, x: jax.Array) -> jax.Array:
-  """Predicted accuracy in (0, 1) of one model at (M, P) reduced reference features -> (M,)."""
-  return jax.nn.sigmoid(jax.nn.relu(x @ params['w1'] + params['b1']) @ params['w2'] + params['b2'])
+  """Predicted correctness of one model at (M, P) reduced reference features -> (M,) (identity output)."""
+  return jax.nn.sigmoid(x @ params['w1'] + params['b1']) @ params['w2'] + params['b2']
 
 
-def fit_mlp_params(key: jax.Array, x: jax.Array, per_ref_acc: jax.Array, hidden: int = 64, steps: int = 500,
-                   lr: float = 1e-3, weight_decay: float = 1e-4) -> tuple[dict, jax.Array]:
-  """K MLPs (vmapped) regressing per_ref_acc (K, R) from x (R, P); returns (params, final MSE (K,))."""
-  opt = optax.adamw(lr, weight_decay=weight_decay)
+def fit_mlp(key: jax.Array, x: jax.Array, per_ref_acc: jax.Array, hidden: int = 16, epochs: int = 200,
+            lr: float = 1e-3, alpha: float = 1e-4, batch_size: int = 200) -> dict:
+  """K regressors (stacked on the leading axis), model k's fitted on (x (R, P), per_ref_acc[k] (R,)).
+
+  Each epoch visits a fresh permutation of the R references in ceil(R / b) minibatches (the last one partial,
+  b = min(batch_size, R)); loss = mean squared error / 2 + alpha / 2 ||W||^2 / batch (sklearn's), Adam.
+  """
+  r = x.shape[0]
+  bs = min(batch_size, r)
+  n_b = -(-r // bs)
+  opt = optax.adam(lr, b1=0.9, b2=0.999, eps=1e-8)
+
+  def loss(p, xb, yb, mb):
+    n = jnp.maximum(mb.sum(), 1.0)
+    err = jnp.sum(mb * (mlp_apply(p, xb) - yb) ** 2) / (2 * n)
+    return err + 0.5 * alpha * (jnp.sum(p['w1'] ** 2) + jnp.sum(p['w2'] ** 2)) / n
 
   def one(k, y):
-    params = mlp_init(k, x.shape[1], hidden)
-    mse = lambda p: jnp.mean((mlp_apply(p, x) - y) ** 2)
+    k_init, k_perm = jax.random.split(k)
+    p = mlp_init(k_init, x.shape[1], hidden)
+    perms = jnp.argsort(jax.random.uniform(k_perm, (epochs, r)), axis=1)        # a fresh order each epoch
+    order = jnp.pad(perms, ((0, 0), (0, n_b * bs - r))).reshape(epochs * n_b, bs)    # (steps, batch)
+    valid = jnp.tile((jnp.arange(n_b * bs) < r).astype(jnp.float32).reshape(n_b, bs), (epochs, 1))
 
-    def step(carry, _):
-      p, s = carry
-      loss, g = jax.value_and_grad(mse)(p)
+    def step(c, xs):
+      p, s = c
+      idx, mb = xs
+      g = jax.grad(loss)(p, x[idx], y[idx], mb)
       u, s = opt.update(g, s, p)
-      return (optax.apply_updates(p, u), s), loss
-    (params, _), losses = jax.lax.scan(step, (params, opt.init(params)), None, length=steps)
-    return params, losses[-1]
+      return (optax.apply_updates(p, u), s), None
+    return jax.lax.scan(step, (p, opt.init(p)), (order, valid))[0][0]
 
   keys = jax.random.split(key, per_ref_acc.shape[0])
   return jax.vmap(one)(keys, per_ref_acc.astype(jnp.float32))
 
 
-def fit_mlp_weights(key: jax.Array, ref_feats: jax.Array, per_ref_acc: jax.Array, dim: int = 64,
-                    hidden: int = 64, steps: int = 500, lr: float = 1e-3) -> MLPWeights:
-  dim = min(dim, ref_feats.shape[0], ref_feats.shape[1])
-  p = pca_lib.fit(ref_feats, dim, whiten=True)
-  params, _ = fit_mlp_params(key, pca_lib.transform(p, ref_feats), per_ref_acc, hidden, steps, lr)
-  return MLPWeights(p, params)
+def mlp_predict(params: dict, x: jax.Array) -> jax.Array:
+  """(K, M) predicted correctness of the K stacked regressors at M points."""
+  return jax.vmap(lambda p: mlp_apply(p, x))(params)
 
 
-def mlp_weights(mw: MLPWeights, ref_feats: jax.Array) -> jax.Array:
-  """(K, M) normalised weights p_k / sum_j p_j at M references."""
-  x = pca_lib.transform(mw.pca, ref_feats)
-  pred = jax.vmap(lambda prm: mlp_apply(prm, x))(mw.params)
-  return pred / jnp.maximum(pred.sum(0, keepdims=True), 1e-12)
+def mlp_weights(pred: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+  """w_k = p_k / sum_j p_j over the masked models (the authors divide by the plain sum, whatever its sign)."""
+  if mask is not None:
+    pred = pred * mask[:, None]
+  total = pred.sum(0, keepdims=True)
+  return pred / jnp.where(total == 0, 1.0, total)
+
+
+# ------------------------------------------------------------------------------ fitted on val, applied
+
+@functools.partial(jax.jit, static_argnames=('hidden', 'epochs', 'lr', 'alpha', 'batch_size'))
+def fit_mlp_repeats(keys: jax.Array, x: jax.Array, per_ref_acc: jax.Array, hidden: int = 16, epochs: int = 200,
+                    lr: float = 1e-3, alpha: float = 1e-4, batch_size: int = 200) -> dict:
+  """fit_mlp once per key (N repeats, the paper's 'three times'), one program: params with axes (N, K, ...)."""
+  return jax.vmap(lambda k: fit_mlp(k, x, per_ref_acc, hidden, epochs, lr, alpha, batch_size))(keys)
+
+
+@functools.partial(jax.jit, static_argnames=('threshold',))
+def ensemble_scores(cm: CredibilityMaps, xy: jax.Array, mlp_params: dict, x_mlp: jax.Array, d_a: jax.Array,
+                    d_b: jax.Array, a_closer: jax.Array, groups: jax.Array, best, threshold: float = 0.75) -> dict:
+  """Per-triple scores of the best single model, majority vote, PCA credibility and MLP ensembles (N repeats)
+  at triples whose references (rows of xy (R, 2) / x_mlp (R, P)) are indexed by groups (T,).
+
+  Also returns the credibility 'cred' (K, R), window 'count' (R,) and MLP predictions 'mlp_pred' (N, K, R) at
+  the references (the inputs of subset_sweep).
+  """
+  score = lambda dec: decision_scores(dec, a_closer)
+  cred, count = credibility(cm, xy)
+  pred = jax.vmap(lambda p: mlp_predict(p, x_mlp))(mlp_params)
+  w_pca = threshold_weights(cred, count, threshold)[:, groups]
+  return {'best_single': score(jnp.sign(d_b[best] - d_a[best])), 'majority_vote': score(majority_decision(d_a, d_b)),
+          'pca_credibility': score(fused_decision(d_a, d_b, w_pca)),
+          'mlp': jax.vmap(lambda p: score(fused_decision(d_a, d_b, mlp_weights(p)[:, groups])))(pred),
+          'cred': cred, 'count': count, 'mlp_pred': pred}
+
+
+# -------------------------------------------------------------------------------------- subset sweep
+
+def subset_masks(k: int) -> np.ndarray:
+  """(2^k - 1, k) bool: every non-empty subset of k models, by size r = 1..k, then lexicographic (itertools)."""
+  rows = [np.isin(np.arange(k), c) for r in range(1, k + 1) for c in itertools.combinations(range(k), r)]
+  return np.stack(rows)
+
+
+@functools.partial(jax.jit, static_argnames=('threshold', 'batch'))
+def subset_sweep(masks: jax.Array, d_a: jax.Array, d_b: jax.Array, a_closer: jax.Array, groups: jax.Array,
+                 cred: jax.Array, count: jax.Array, mlp_pred: jax.Array, threshold: float = 0.75,
+                 batch: int = 16) -> dict:
+  """Accuracy of every subset ensemble in one vmapped program (Fig. 8).
+
+  masks (S, K); d_a, d_b (K, T); a_closer (T,); groups (T,) the reference index of each triple; cred (K, R),
+  count (R,): credibility at the R references; mlp_pred (N, K, R): N MLP repeats' predicted correctness.
+  Returns {'majority': (S,), 'pca': (S,), 'mlp': (S, N)} accuracies.
+  """
+  def one(m):
+    mf = m.astype(jnp.float32)
+    acc = lambda dec: decision_scores(dec, a_closer).mean()
+    w_pca = threshold_weights(cred, count, threshold, m)[:, groups]
+    w_mlp = jax.vmap(lambda p: mlp_weights(p, mf)[:, groups])(mlp_pred)
+    return (acc(majority_decision(d_a, d_b, mf)), acc(fused_decision(d_a, d_b, w_pca)),
+            jax.vmap(lambda w: acc(fused_decision(d_a, d_b, w)))(w_mlp))
+  maj, pca, mlp = jax.lax.map(one, masks, batch_size=batch)
+  return {'majority': maj, 'pca': pca, 'mlp': mlp}

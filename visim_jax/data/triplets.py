@@ -31,12 +31,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from visim_jax import ops
 from visim_jax.data import npz
 from visim_jax.data.images import IMAGE_EXTENSIONS
+from visim_jax.errors import UserError
 
 COSIS_PAIRS = ((0, 1), (0, 2), (1, 2))  # candidate positions (a, b) of a row's three triples; a is closer
 CONTEXTS = {715: 'indoor', 2723: 'city', 389: 'ocean', 1673: 'field', 1006: 'mountain', 254: 'forest',
             2352: 'flower', 667: 'abstract'}  # the eight dist_<ref> files, paper order
+CONTEXT_KEYS = [f'val/{r}' for r in CONTEXTS]  # their reference images' keys
 SPLIT_FOLDERS = {'val': ('val', 'testval', 'test'), 'train': ('train',)}  # BG-20k sub-folders per split
 
 
@@ -80,16 +83,35 @@ class Triplets:
       if (idx < 0).any():
         i = int(np.argmax(idx < 0))
         n_missing = len({k for k, j in zip(col.tolist(), idx.tolist()) if j < 0})
-        raise KeyError(f'{self.source}:line {int(self.line[i])}: image {str(col[i])!r} has no row in the {what} '
+        raise UserError(f'{self.source}:line {int(self.line[i])}: image {str(col[i])!r} has no row in the {what} '
                        f'({n_missing} such image(s) in this column)')
       out.append(idx.astype(np.int32))
     return tuple(out)
 
 
-def concat(parts: Sequence[Triplets], source: str | None = None) -> Triplets:
-  cat = lambda f: np.concatenate([getattr(p, f) for p in parts])
-  return Triplets(*(cat(f) for f in ('ref', 'a', 'b', 'a_closer', 'cls_a', 'cls_b', 'line')),
-                  source=source or '+'.join(p.source for p in parts))
+SPLITS = ('file_order', 'random')
+
+
+def split_context(t: Triplets, how: str = 'file_order', train_fraction: float = 2 / 3,
+                  seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """(train, held-out) triple indices of one context set.
+
+  file_order (the authors' dist_dataprep.get_mixing_data, `testfrom = len(data) * 2 // 3`): the first
+  floor(T * train_fraction) triples in file order train, the rest (the last third of the file) is held out;
+  a row's three triples may straddle the cut, as upstream. random: a seeded permutation of the annotation rows
+  (a row's three triples share its candidates, so they stay on one side), the first round(f * rows) train.
+  """
+  if how == 'file_order':
+    n_train = int(np.floor(len(t) * train_fraction + 1e-9))
+    return np.arange(n_train), np.arange(n_train, len(t))
+  if how != 'random':
+    raise UserError(f'config.model.split: must be one of {SPLITS}, got {how!r}')
+  rows, inv = np.unique(t.line, return_inverse=True)
+  perm = np.random.RandomState(seed).permutation(len(rows))
+  is_train = np.zeros(len(rows), bool)
+  is_train[perm[:int(round(train_fraction * len(rows)))]] = True
+  keep = is_train[inv.reshape(-1)]
+  return np.flatnonzero(keep), np.flatnonzero(~keep)
 
 
 # ------------------------------------------------------------------------------------------------ CoSIS
@@ -109,7 +131,7 @@ def _is_int(s: str) -> bool:
 def read_cosis_rows(path: str) -> CosisRows:
   """Every annotation row of a CoSIS label file (header optional; blank lines skipped; nothing else dropped)."""
   if not os.path.isfile(path):
-    raise FileNotFoundError(f'{path}: CoSIS label file not found')
+    raise UserError(f'{path}: CoSIS label file not found')
   rows, lines, header, seen_data = [], [], False, False
   with open(path, encoding='utf-8', errors='replace') as f:
     for n, text in enumerate(f, 1):
@@ -121,24 +143,24 @@ def read_cosis_rows(path: str) -> CosisRows:
         continue
       seen_data = True
       if len(fields) != 7 or not all(_is_int(x) for x in fields):
-        raise ValueError(f'{path}:line {n}: expected 7 integers `ref id1 cls1 id2 cls2 id3 cls3`, '
+        raise UserError(f'{path}:line {n}: expected 7 integers `ref id1 cls1 id2 cls2 id3 cls3`, '
                          f'got {text.strip()!r}')
       r = [int(x) for x in fields]
       cls = r[2::2]
       if min(r[0::2] + [r[1], r[3], r[5]]) < 0:
-        raise ValueError(f'{path}:line {n}: negative image id in {text.strip()!r}')
+        raise UserError(f'{path}:line {n}: negative image id in {text.strip()!r}')
       if not all(1 <= c <= 5 for c in cls):
-        raise ValueError(f'{path}:line {n}: classes must be in 1..5, got {cls}')
+        raise UserError(f'{path}:line {n}: classes must be in 1..5, got {cls}')
       if not cls[0] <= cls[1] <= cls[2]:
-        raise ValueError(f'{path}:line {n}: classes {cls} decrease, but candidates are listed from closest '
+        raise UserError(f'{path}:line {n}: classes {cls} decrease, but candidates are listed from closest '
                          'to farthest')
       if len({r[0], r[1], r[3], r[5]}) != 4:
-        raise ValueError(f'{path}:line {n}: reference and candidates must be four different images: '
+        raise UserError(f'{path}:line {n}: reference and candidates must be four different images: '
                          f'{text.strip()!r}')
       rows.append(r)
       lines.append(n)
   if not rows:
-    raise ValueError(f'{path}: no annotation rows')
+    raise UserError(f'{path}: no annotation rows')
   return CosisRows(np.asarray(rows, np.int64), np.asarray(lines, np.int32), header, path)
 
 
@@ -151,7 +173,7 @@ def load_cosis(path: str, split: str | None = None) -> Triplets:
   """The 3 R triples of a CoSIS label file; keys `split/idx`."""
   split = split or split_of(path)
   if split not in SPLIT_FOLDERS:
-    raise ValueError(f'{path}: split must be one of {sorted(SPLIT_FOLDERS)}, got {split!r}')
+    raise UserError(f'{path}: split must be one of {sorted(SPLIT_FOLDERS)}, got {split!r}')
   cr = read_cosis_rows(path)
   ids, cls = cr.rows[:, 1::2], cr.rows[:, 2::2]
   key = np.vectorize(lambda i: f'{split}/{i}', otypes=[object])
@@ -168,14 +190,14 @@ def load_cosis(path: str, split: str | None = None) -> Triplets:
 def context_files(folder: str) -> dict[str, str]:
   """{context name: path} of the dist_<ref>.txt files in `folder` (paper order, unknown refs after)."""
   if not os.path.isdir(folder):
-    raise FileNotFoundError(f'config.annotations: folder {folder} not found')
+    raise UserError(f'config.annotations: folder {folder} not found')
   found = {}
   for n in os.listdir(folder):
     m = re.fullmatch(r'dist_(\d+)\.txt', n)
     if m:
       found[int(m.group(1))] = os.path.join(folder, n)
   if not found:
-    raise FileNotFoundError(f'{folder}: no dist_<ref>.txt context files')
+    raise UserError(f'{folder}: no dist_<ref>.txt context files')
   order = [r for r in CONTEXTS if r in found] + sorted(r for r in found if r not in CONTEXTS)
   return {CONTEXTS.get(r, f'ref{r}'): found[r] for r in order}
 
@@ -183,7 +205,7 @@ def context_files(folder: str) -> dict[str, str]:
 def read_filename_dict(path: str) -> dict[str, str]:
   """{`split/idx`: BG-20k name} from `filename_dict.txt` (`idx split name` a line)."""
   if not os.path.isfile(path):
-    raise FileNotFoundError(f'{path}: filename_dict.txt not found')
+    raise UserError(f'{path}: filename_dict.txt not found')
   out, where = {}, {}
   with open(path, encoding='utf-8', errors='replace') as f:
     for n, text in enumerate(f, 1):
@@ -193,14 +215,14 @@ def read_filename_dict(path: str) -> dict[str, str]:
       if n == 1 and not _is_int(fields[0]):
         continue  # a header
       if len(fields) != 3 or not _is_int(fields[0]) or fields[1] not in SPLIT_FOLDERS:
-        raise ValueError(f'{path}:line {n}: expected `idx split name` with split in {sorted(SPLIT_FOLDERS)}, '
+        raise UserError(f'{path}:line {n}: expected `idx split name` with split in {sorted(SPLIT_FOLDERS)}, '
                          f'got {text.strip()!r}')
       key = f'{fields[1]}/{int(fields[0])}'
       if key in out:
-        raise ValueError(f'{path}:line {n}: duplicate id {key} (first on line {where[key]})')
+        raise UserError(f'{path}:line {n}: duplicate id {key} (first on line {where[key]})')
       out[key], where[key] = fields[2], n
   if not out:
-    raise ValueError(f'{path}: empty filename dictionary')
+    raise UserError(f'{path}: empty filename dictionary')
   return out
 
 
@@ -222,7 +244,7 @@ def resolve_images(triplets: Sequence[Triplets], names: Mapping[str, str], image
   id, the annotation file and line, and the folders searched.
   """
   if not os.path.isdir(image_dir):
-    raise FileNotFoundError(f'config.image_dir: folder {image_dir} not found')
+    raise UserError(f'config.image_dir: folder {image_dir} not found')
   folders = {}
   for split, subs in SPLIT_FOLDERS.items():
     cands = [os.path.join(image_dir, s) for s in subs if os.path.isdir(os.path.join(image_dir, s))]
@@ -235,7 +257,7 @@ def resolve_images(triplets: Sequence[Triplets], names: Mapping[str, str], image
         if key in out:
           continue
         if key not in names:
-          raise KeyError(f'{t.source}:line {int(t.line[i])}: image id {key} is not in filename_dict.txt')
+          raise UserError(f'{t.source}:line {int(t.line[i])}: image id {key} is not in filename_dict.txt')
         split = key.split('/', 1)[0]
         path = None
         for folder in folders[split]:
@@ -245,11 +267,88 @@ def resolve_images(triplets: Sequence[Triplets], names: Mapping[str, str], image
           if path:
             break
         if path is None:
-          raise FileNotFoundError(
+          raise UserError(
               f'{t.source}:line {int(t.line[i])}: image {key} ({names[key]}.*) not found under '
               f'{", ".join(folders[split])}')
         out[key] = path
   return out
+
+
+def load_cosis_sets(folder: str) -> dict:
+  """{'contexts': {name: Triplets} (paper order), 'mulref_val': Triplets, 'mulref_test': Triplets} of a CoSIS folder."""
+  ctx = {name: load_cosis(p) for name, p in context_files(folder).items()}
+  sets = {'contexts': ctx}
+  for name in ('mulref_val', 'mulref_test'):
+    p = os.path.join(folder, f'{name}.txt')
+    if not os.path.isfile(p):
+      raise UserError(f'config.annotations: {p} not found')
+    sets[name] = load_cosis(p)
+  return sets
+
+
+
+# ------------------------------------------------------------------------- stand-in features, synthetic set
+
+SYNTHETIC_VERSION = 1
+
+
+def stand_in_features(keys, dim: int, seed: int) -> np.ndarray:
+  """Seeded random vectors, each a pure function of (seed, image id): the same id always gets the same row."""
+  out = np.empty((len(keys), dim), np.float32)
+  for i, k in enumerate(keys):
+    split, idx = k.split('/', 1)
+    out[i] = np.random.default_rng([seed, 0 if split == 'val' else 1, int(idx)]).standard_normal(dim)
+  return out
+
+
+def write_synthetic_cosis(folder: str, seed: int = 0, dim: int = 32, n_val: int = 600, n_train: int = 400,
+                          rows_per_context: int = 60, val_refs: int = 120, test_refs: int = 90) -> str:
+  """A small CoSIS-format set (same file names and layout) whose answers follow a hidden metric.
+
+  Truth: cosine after a fixed anisotropic rescaling of the stand-in features (dim = the stand-in dim), so plain
+  cosine is informative but imperfect and a trained head can do better. Candidates of a row are sorted by
+  truth similarity; classes are the similarity cut at (0.6, 0.3, 0, -0.3). mulref_val.txt gets a header line.
+  """
+  rng = np.random.RandomState(seed)
+  scale = np.exp(np.linspace(1.5, -1.5, dim))[rng.permutation(dim)]
+  keys = {'val': [f'val/{i}' for i in range(n_val)], 'train': [f'train/{i}' for i in range(n_train)]}
+  truth = {s: stand_in_features(k, dim, seed) * scale for s, k in keys.items()}
+  truth = {s: t / np.linalg.norm(t, axis=1, keepdims=True) for s, t in truth.items()}
+
+  def rows(split, ref, n):
+    out = []
+    pool = len(truth[split])
+    for _ in range(n):
+      c = rng.choice(np.setdiff1d(np.arange(pool), [ref]), 3, replace=False)
+      sim = truth[split][c] @ truth[split][ref]
+      order = np.argsort(-sim)
+      cls = 5 - np.digitize(sim[order], [-0.3, 0.0, 0.3, 0.6])
+      out.append([ref] + [v for j in range(3) for v in (int(c[order[j]]), int(cls[j]))])
+    return out
+
+  os.makedirs(folder, exist_ok=True)
+  write = lambda name, rr, header='': ops.atomic_write_text(
+      os.path.join(folder, name), header + ''.join(' '.join(map(str, r)) + '\n' for r in rr))
+  ctx_refs = list(CONTEXTS)[:8]
+  for j, r in enumerate(ctx_refs):  # contexts: the paper's reference ids, mapped into the small val pool
+    ref = r % n_val
+    write(f'dist_{r}.txt', [[r] + x[1:] for x in rows('val', ref, rows_per_context)])
+  # the context refs are renamed to their paper ids: give those ids the features of the pool image
+  val_rows = [x for ref in rng.choice(n_val, val_refs, replace=False) for x in rows('val', int(ref), 3)]
+  write('mulref_val.txt', val_rows, 'ref order1 class1 order2 class2 order3 class3\n')
+  write('mulref_test.txt', [x for ref in rng.choice(n_train, test_refs, replace=False) for x in rows('train', int(ref), 3)])
+  names = [f'{i} val syn_val_{i}' for i in range(max(n_val, max(ctx_refs) + 1))]
+  names += [f'{i} train syn_train_{i}' for i in range(n_train)]
+  ops.atomic_write_text(os.path.join(folder, 'filename_dict.txt'), '\n'.join(names) + '\n')
+  ops.atomic_write_text(os.path.join(folder, 'SYNTHETIC.txt'),
+                           f'synthetic CoSIS-format set v{SYNTHETIC_VERSION}, seed {seed}, dim {dim}: not real data\n')
+  return folder
+
+
+def synthetic_alias(key: str, n_val: int = 600) -> str:
+  """The pool image whose features a synthetic context reference (a paper id >= n_val) uses."""
+  split, idx = key.split('/', 1)
+  return f'{split}/{int(idx) % n_val}' if split == 'val' else key
 
 
 # ---------------------------------------------------------------------------------------------- generic
@@ -260,7 +359,7 @@ _A_LABELS, _B_LABELS = ('a', '1', '1.0', 'true'), ('b', '0', '0.0', 'false')
 def load_triplet_csv(path: str, check_files: bool = True) -> Triplets:
   """A generic 2AFC set: CSV rows `ref,a,b,label` (header optional); label a/1 = A closer, b/0 = B closer."""
   if not os.path.isfile(path):
-    raise FileNotFoundError(f'{path}: triplet CSV not found')
+    raise UserError(f'{path}: triplet CSV not found')
   base = os.path.dirname(os.path.abspath(path))
   refs, as_, bs, lab, lines = [], [], [], [], []
   with open(path, newline='', encoding='utf-8', errors='replace') as f:
@@ -271,18 +370,18 @@ def load_triplet_csv(path: str, check_files: bool = True) -> Triplets:
       if n == 1 and [c.lower() for c in row[:4]] == ['ref', 'a', 'b', 'label']:
         continue
       if len(row) != 4 or not all(row):
-        raise ValueError(f'{path}:line {n}: expected 4 fields `ref,a,b,label`, got {row}')
+        raise UserError(f'{path}:line {n}: expected 4 fields `ref,a,b,label`, got {row}')
       l = row[3].lower()
       if l not in _A_LABELS + _B_LABELS:
-        raise ValueError(f'{path}:line {n}: label must be a/1 (A closer) or b/0 (B closer), got {row[3]!r}')
+        raise UserError(f'{path}:line {n}: label must be a/1 (A closer) or b/0 (B closer), got {row[3]!r}')
       p = [os.path.normpath(c if os.path.isabs(c) else os.path.join(base, c)) for c in row[:3]]
       if check_files:
         for c, q in zip(row[:3], p):
           if not os.path.isfile(q):
-            raise FileNotFoundError(f'{path}:line {n}: image {c!r} not found ({q})')
+            raise UserError(f'{path}:line {n}: image {c!r} not found ({q})')
       refs.append(p[0]), as_.append(p[1]), bs.append(p[2]), lab.append(l in _A_LABELS), lines.append(n)
   if not refs:
-    raise ValueError(f'{path}: no triplet rows')
+    raise UserError(f'{path}: no triplet rows')
   z = np.zeros(len(refs), np.int8)
   return Triplets(np.asarray(refs), np.asarray(as_), np.asarray(bs), np.asarray(lab, bool), z, z.copy(),
                   np.asarray(lines, np.int32), path)
@@ -300,14 +399,14 @@ def load_feature_table(path: str) -> tuple[np.ndarray, dict[str, int]]:
   feats = z['features'].astype(np.float32)
   names = [str(n) for n in z['names']]
   if feats.ndim != 2 or len(names) != len(feats):
-    raise ValueError(f'config.features: {path}: features {feats.shape} and {len(names)} names do not match')
+    raise UserError(f'config.features: {path}: features {feats.shape} and {len(names)} names do not match')
   bad = ~np.isfinite(feats).all(1)
   if bad.any():
-    raise ValueError(f'config.features: {path}: NaN/Inf in {bad.sum()} row(s), first {names[int(np.argmax(bad))]!r}')
+    raise UserError(f'config.features: {path}: NaN/Inf in {bad.sum()} row(s), first {names[int(np.argmax(bad))]!r}')
   table = {}
   for i, n in enumerate(names):
     if n in table:
-      raise ValueError(f'config.features: {path}: duplicate name {n!r}')
+      raise UserError(f'config.features: {path}: duplicate name {n!r}')
     table[n] = i
   return feats, table
 

@@ -25,9 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
-def normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
-  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+from visim_jax.ops import l2_normalize
 
 
 def score(s_ra: jax.Array, s_rb: jax.Array, a_closer: jax.Array) -> jax.Array:
@@ -37,25 +35,16 @@ def score(s_ra: jax.Array, s_rb: jax.Array, a_closer: jax.Array) -> jax.Array:
   return 0.5 * (1.0 + pred * truth)
 
 
-def votes(s_ra: jax.Array, s_rb: jax.Array) -> jax.Array:
-  """+1 when A is predicted closer, -1 for B, 0 on a tie (int8)."""
-  return jnp.sign(s_ra - s_rb).astype(jnp.int8)
-
-
 def default_chunk() -> int:
   """Triples per gather step: small on CPU (the gathered rows stay in cache), large on accelerators."""
   return 1024 if jax.default_backend() == 'cpu' else 65536
-
-
-def cosine_pair_scores(feats: jax.Array, ref: jax.Array, a: jax.Array, b: jax.Array, chunk: int | None = None):
-  return _cosine_pair_scores(feats, ref, a, b, chunk or default_chunk())
 
 
 @functools.partial(jax.jit, static_argnames='chunk')
 def _cosine_pair_scores(feats: jax.Array, ref: jax.Array, a: jax.Array, b: jax.Array, chunk: int):
   """(cos(R, A), cos(R, B)) for rows of a feature table: normalised once per image, then gathered `chunk`
   triples at a time (bounded memory for millions of triples)."""
-  f = normalize(feats.astype(jnp.float32))
+  f = l2_normalize(feats.astype(jnp.float32))
 
   def one(t):
     r = f[t[0]]
@@ -154,12 +143,36 @@ def bootstrap_ci(scores, groups=None, n_boot: int = 1000, alpha: float = 0.05, s
   return float(lo), float(hi)
 
 
-def summary(scores, refs, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0) -> dict:
-  """{accuracy, n_triplets, n_references, per_reference_mean, ci_low, ci_high, ci_unit} of per-triple scores."""
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _boot_groups_many(key, scores, groups, n_groups: int, n_boot: int):
+  return jax.vmap(lambda s: _boot_groups(key, s, groups, n_groups, n_boot))(scores)
+
+
+def summaries(scores, refs, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0, unit: str = 'references') -> list:
+  """summary() of M score vectors over the same triples at once, (M, T) -> M dicts (one compiled program).
+
+  Every vector is resampled with the same cluster draws (seed), like M separate summary() calls.
+  """
   scores = np.asarray(scores, np.float32)
   uniq, groups = group_ids(refs)
   per_ref, _ = per_group_mean(scores, jnp.asarray(groups), len(uniq))
-  lo, hi = bootstrap_ci(scores, groups, n_boot, alpha, seed) if n_boot > 0 else (float('nan'),) * 2
-  return {'accuracy': float(scores.mean()), 'n_triplets': int(scores.size), 'n_references': int(len(uniq)),
-          'per_reference_mean': float(np.asarray(per_ref).mean()), 'ci_low': lo, 'ci_high': hi,
-          'ci': f'{100 * (1 - alpha):g}% percentile bootstrap over references ({n_boot} resamples)'}
+  if n_boot > 0:
+    boot = np.asarray(_boot_groups_many(jax.random.PRNGKey(seed), jnp.asarray(scores), jnp.asarray(groups),
+                                        len(uniq), int(n_boot)))
+    lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2], axis=1)
+  else:
+    lo = hi = np.full(len(scores), np.nan)
+  per_ref = np.asarray(per_ref).mean(-1)
+  return [{'accuracy': float(x.mean()), 'n_triplets': int(x.size), 'n_references': int(len(uniq)),
+           'per_reference_mean': float(per_ref[i]), 'ci_low': float(lo[i]), 'ci_high': float(hi[i]),
+           'ci': f'{100 * (1 - alpha):g}% percentile bootstrap over {unit} ({n_boot} resamples)'}
+          for i, x in enumerate(scores)]
+
+
+def summary(scores, refs, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0, unit: str = 'references') -> dict:
+  """{accuracy, n_triplets, n_references, per_reference_mean, ci_low, ci_high, ci} of per-triple scores.
+
+  `refs` are the cluster keys the bootstrap resamples: the reference images (mulref sets), or the annotation
+  rows of a context set (one reference; a row's three triples share their candidates), named by `unit`.
+  """
+  return summaries(np.asarray(scores, np.float32)[None], refs, n_boot, alpha, seed, unit)[0]
