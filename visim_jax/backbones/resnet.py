@@ -59,12 +59,12 @@ _R50, _R101 = (3, 4, 6, 3), (3, 4, 23, 3)
 
 # name -> (architecture, where the weights come from); all are torchvision's ResNet class
 MEMBERS: dict[str, tuple[Arch, str]] = {
-    'resnet18': (Arch('basic', (2, 2, 2, 2)), 'torchvision resnet18 ImageNet-1k (IMAGENET1K_V1, resnet18-f37072fd.pth)'),
-    'resnet34': (Arch('basic', (3, 4, 6, 3)), 'torchvision resnet34 ImageNet-1k (IMAGENET1K_V1, resnet34-b627a593.pth)'),
-    'resnet50': (Arch('bottleneck', _R50), 'torchvision resnet50 ImageNet-1k (IMAGENET1K_V1, resnet50-0676ba61.pth)'),
-    'resnet101': (Arch('bottleneck', _R101), 'torchvision resnet101 ImageNet-1k (IMAGENET1K_V1, resnet101-63fe2227.pth)'),
+    'resnet18': (Arch('basic', (2, 2, 2, 2)), 'torchvision resnet18 ImageNet-1k (resnet18-5c106cde.pth)'),
+    'resnet34': (Arch('basic', (3, 4, 6, 3)), 'torchvision resnet34 ImageNet-1k (resnet34-333f7ec4.pth)'),
+    'resnet50': (Arch('bottleneck', _R50), 'torchvision resnet50 ImageNet-1k (resnet50-19c8e357.pth)'),
+    'resnet101': (Arch('bottleneck', _R101), 'torchvision resnet101 ImageNet-1k (resnet101-5d3b4d8f.pth)'),
     'resnet152': (Arch('bottleneck', (3, 8, 36, 3)),
-                  'torchvision resnet152 ImageNet-1k (IMAGENET1K_V1, resnet152-394f9c45.pth)'),
+                  'torchvision resnet152 ImageNet-1k (resnet152-b121ed2d.pth)'),
     'resnet50_ssl': (Arch('bottleneck', _R50), 'ResNet-50 semi-supervised YFCC100M -> ImageNet-1k (Yalniz et al. 2019)'),
     'resnext101_32x8d_ssl': (Arch('bottleneck', _R101, 32, 8), 'ResNeXt-101 32x8d semi-supervised (Yalniz et al. 2019)'),
     'resnext101_32x16d_ssl': (Arch('bottleneck', _R101, 32, 16),
