@@ -6,7 +6,8 @@ r"""Feature extraction of one member per Table 1 family: our jitted path vs PyTo
 
 For each member: a PyTorch model with random weights (timing does not depend on their values) is converted by
 backbones/convert.py (the same path as the public checkpoints) and loaded into ours, so both run the same weights.
-PyTorch side: the reference implementation when installed (torchvision for the ResNets / AlexNet, timm for BiT),
+PyTorch side: the reference implementation when installed (torchvision for the ResNets / AlexNet, timm for BiT and
+the ViTs, geffnet for EfficientNet, facenet-pytorch for FaceNet),
 otherwise the PyTorch reference written in the parity tests (the same layers; the JSON says which), run the way the
 seed code extracts: forward hooks on the default layers' modules, then per-layer spatial mean + L2 + concat,
 `torch.inference_mode`, float32 on CPU / --torch_dtype on CUDA.
@@ -14,7 +15,7 @@ Ours: `features.make_extract_fn` (uint8 in, normalise + network + pooling, one j
 Both are timed on inputs already on the device; our compile time is reported apart. The float32 pooled features
 are compared (max |diff|). Prints one JSON object.
 
-Part B adds its members to MEMBERS (name -> function returning (torch module, {our layer: torch module path})).
+MEMBERS: name -> function returning (torch module, {our layer: torch module path}, label).
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ from absl import app, flags  # noqa: E402
 from visim_jax import features  # noqa: E402
 from visim_jax.backbones import convert, get_backbone  # noqa: E402
 
-_MEMBERS = flags.DEFINE_list('members', ['resnet50', 'bit_m_r50x1', 'alexnet'], 'Members to time.')
+_MEMBERS = flags.DEFINE_list('members', ['resnet50', 'bit_m_r50x1', 'alexnet', 'dino_vitb16', 'efficientnet_b0',
+                                          'facenet'], 'Members to time.')
 _BATCH = flags.DEFINE_integer('batch', 4, 'Images per batch (GPU: 128).')
 _BATCHES = flags.DEFINE_integer('batches', 2, 'Timed batches (GPU: 10).')
 _DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Our compute dtype.')
@@ -78,6 +80,44 @@ def _torchvision_alexnet(name):
     return RefAlexNet(alexnet.CONVS), {'features': 'features'}, 'tests/test_backbones_alexnet.py RefAlexNet'
 
 
+def _timm_vit(name):
+  """DINO hub ViTs are timm's ViT with no head: the seed hooks `head` (Identity) = the CLS token after the norm."""
+  from visim_jax.backbones import vit
+  a = vit.ARCHS[name]
+  try:
+    import timm
+    model = timm.VisionTransformer(patch_size=a.patch, embed_dim=a.width, depth=a.depth, num_heads=a.heads,
+                                   num_classes=0)
+    return model, {'pooled': 'head'}, f'timm {timm.__version__} VisionTransformer'
+  except ImportError:
+    from test_backbones_vit import RefViT
+    return RefViT(a), {'pooled': 'head'}, 'tests/test_backbones_vit.py RefViT'
+
+
+def _geffnet_efficientnet(name):
+  """gen-efficientnet (the seed's hub repo) when installed; the seed hooks `global_pool` (mean of the head)."""
+  from visim_jax.backbones import efficientnet
+  try:
+    import geffnet
+    return getattr(geffnet, name)(), {'head': 'global_pool'}, f'geffnet {geffnet.__version__}'
+  except ImportError:
+    from test_backbones_efficientnet_b import RefEfficientNet
+    return (RefEfficientNet(efficientnet.ARCHS[name]), {'head': 'global_pool'},
+            'tests/test_backbones_efficientnet_b.py RefEfficientNet')
+
+
+def _facenet_pytorch(name):
+  """facenet-pytorch's InceptionResnetV1 when installed; the seed hooks `block8`."""
+  from visim_jax.backbones import inception_resnet_v1
+  try:
+    from facenet_pytorch import InceptionResnetV1
+    return InceptionResnetV1(), {'block8': 'block8'}, 'facenet-pytorch InceptionResnetV1'
+  except ImportError:
+    from test_backbones_facenet import RefInceptionResnetV1
+    return (RefInceptionResnetV1(inception_resnet_v1.FULL), {'block8': 'block8'},
+            'tests/test_backbones_facenet.py RefInceptionResnetV1')
+
+
 # name -> builder(name) -> (torch module with the public state-dict names, {our layer: torch module path}, label)
 MEMBERS = {
     'resnet50': _torchvision_resnet,
@@ -85,6 +125,10 @@ MEMBERS = {
     'resnext101_32x8d_wsl': _torchvision_resnet,
     'bit_m_r50x1': _timm_bit,
     'alexnet': _torchvision_alexnet,
+    'dino_vitb16': _timm_vit,
+    'deits16': _timm_vit,
+    'efficientnet_b0': _geffnet_efficientnet,
+    'facenet': _facenet_pytorch,
 }
 
 
@@ -126,7 +170,9 @@ def bench(name, tmp, torch, tdev, tdtype):
   def run_torch(model, xt):
     with torch.inference_mode():
       model(xt)
-      pooled = [torch.nn.functional.normalize(captured[l].float().mean(dim=(2, 3)), dim=1, eps=1e-12) for l in layers]
+      maps = [captured[l].float() for l in layers]  # (N, C, H, W) maps are averaged, (N, C) vectors kept
+      pooled = [torch.nn.functional.normalize(m.mean(dim=(2, 3)) if m.ndim == 4 else m, dim=1, eps=1e-12)
+                for m in maps]
       out = torch.cat(pooled, dim=1)
     if tdev == 'cuda':
       torch.cuda.synchronize()
