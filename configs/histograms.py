@@ -42,6 +42,7 @@ def get_config(arg=None):
   c.source_stats = ''          # normalization=source: .npz with `mean` and `std` (D,)
   c.bins = 100
   c.min_class_size = 10        # Sec. 4.1: classes with fewer images are omitted
+  c.sample_fraction = 1.0      # Tables 5, 10: evaluate a random fraction of the samples (seeded by `seed`)
   c.pairs = ml_collections.ConfigDict({
       'mode': 'auto',          # 'auto' (exhaustive when it fits, else random; one estimator per run) | 'random'
                                # | 'exhaustive' (every pair, blocked exact pass; refused with an estimate if too big)

@@ -268,6 +268,10 @@ def test_tree_nodes_need_more_than_two_children():
   assert 'animal' not in {node for node, _, _, _ in T.node_clusters(tree, names, no_bird)}
   with pytest.raises(ValueError, match='cycle'):
     T.descendants({'a': ['b'], 'b': ['a']})
+  rows = [{'level': 1, 'o': 0.2}, {'level': 0, 'o': 0.5}, {'level': 1, 'o': 0.4}, {'level': 1, 'o': None}]
+  levels, overall = T.level_means(rows, ['o'])
+  assert levels == [{'level': 0, 'nodes': 1, 'o': 0.5}, {'level': 1, 'nodes': 3, 'o': pytest.approx(0.3)}]
+  assert overall == {'o': pytest.approx(1.1 / 3)}
 
 
 def test_8_devices_equal_one_device():

@@ -88,6 +88,9 @@ def test_auto_uses_one_estimator_and_exhaustive_refuses_when_too_big(tmp_path):
   assert e['name'] == 'random' and e['intra_pairs'] == 4 * 300 and e['inter_pairs'] == 4 * 200
   assert e['se_method'].startswith('independent') and out['standard_errors']['overlap'] > 0
   assert out['data']['dataset'] == 'features' and 'hierarchy' not in out and "class_tree='demo'" in out['notes'][0]
+  half = main.run(local_config(features=feats, plots=False, class_tree='', sample_fraction=0.5, min_class_size=2),
+                  str(tmp_path / 'half'))
+  assert half['data']['samples'] == 20 and half['data']['samples_loaded'] == 41
   assert 'backbone' not in json.load(open(tmp_path / 'wd' / 'config.json'))  # not used by a features run
   wd = str(tmp_path / 'wd2')
   with pytest.raises(UserError, match=r'config.pairs.mode: the exact pass needs .*pairs.max_seconds'):

@@ -41,6 +41,7 @@ def validate_config(config) -> H.Options:
        "an .npz with `mean` and `std` is required for normalization='source'")
   need(config.knn.k >= 0 and config.knn.queries >= 0, 'knn.k', 'k and queries must be >= 0')
   need(config.tree_min_children >= 2, 'tree_min_children', 'must be >= 2')
+  need(0.0 < config.sample_fraction <= 1.0, 'sample_fraction', f'must be in (0, 1], got {config.sample_fraction}')
   need(config.dataset != 'folder' or config.data_dir, 'data_dir', 'a folder of class sub-folders is required')
   need(config.dataset != 'features' or config.features, 'features', 'an .npz path is required for dataset=features')
   need(config.dataset != 'tfds' or config.tfds.name, 'tfds.name', 'a TFDS dataset name is required for dataset=tfds')
@@ -108,11 +109,8 @@ def evaluate_tree(x, nodes, opts, estimator, progress=True):
       continue
     rows.append({'node': node, 'level': level, 'clusters': int(m['valid'].sum()), 'samples': int((cl >= 0).sum()),
                  **scalars(m)})
-  mean = lambda rs, k: (float(np.mean([r[k] for r in rs if r[k] is not None]))
-                        if any(r[k] is not None for r in rs) else None)
-  levels = [{'level': lv, 'nodes': len(rs), **{k: mean(rs, k) for k in SCALARS}}
-            for lv in sorted({r['level'] for r in rows}) for rs in [[r for r in rows if r['level'] == lv]]]
-  return rows, levels, skipped, {f'{k}_avg': mean(rows, k) for k in SCALARS}
+  levels, overall = tree_lib.level_means(rows, SCALARS)
+  return rows, levels, skipped, {f'{k}_avg': v for k, v in overall.items()}
 
 
 def _csv(rows, header) -> str:
@@ -173,6 +171,10 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   feats, labels, names, desc = load_data(config, progress)
   source = config.features if config.dataset == 'features' else f'{config.dataset} features'
   feats, labels = H.check_inputs(feats, labels, source)
+  n_loaded = len(labels)
+  if config.sample_fraction < 1.0:  # Tables 5 and 10: the metrics on a random n% of the samples
+    keep = np.sort(np.random.default_rng(config.seed).choice(n_loaded, round(config.sample_fraction * n_loaded), False))
+    feats, labels = feats[keep], labels[keep]
   if len(labels) and labels.max() >= len(names):
     raise UserError(f'{source}: label {int(labels.max())} but only {len(names)} class names')
   num_classes = len(names)
@@ -211,7 +213,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   metrics = {
       'experiment': 'histograms',
       'paper': 'Wu et al., Beyond Accuracy (overlap Eq. 3, aSTD Eq. 4, maximal overlap Sec. 9.2)',
-      'data': {'dataset': config.dataset, **desc, 'samples': int(len(labels)), 'dim': int(feats.shape[1]),
+      'data': {'dataset': config.dataset, **desc, 'samples': int(len(labels)), 'samples_loaded': n_loaded,
+               'sample_fraction': config.sample_fraction, 'dim': int(feats.shape[1]),
                'classes': num_classes, 'evaluated_classes': int(valid.sum()), 'min_class_size': opts.min_class_size,
                'omitted_classes': int(m['omitted_classes']),
                'omitted_class_names': [names[c] for c in range(num_classes)
@@ -247,15 +250,14 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     metrics['files'] = write_outputs(rt.workdir, config, m, names, knn_pc, node_rows, level_rows, chosen)
     metrics = rt.write_metrics(metrics)
 
-  nan = float('nan')
+  nan = lambda v: float('nan') if v is None else v
   if report.is_writer():
-    se = m['se']
-    print(report.table([[k, v if v is not None else nan, se.get(k) if se.get(k) is not None else nan]
-                        for k, v in metrics['metrics'].items()], ['metric', 'value', 'standard error']))
+    print(report.table([[k, nan(v), nan(m['se'].get(k))] for k, v in metrics['metrics'].items()],
+                       ['metric', 'value', 'standard error']))
     print(f'{int(valid.sum())} classes evaluated, {m["omitted_classes"]} omitted (< {opts.min_class_size} samples); '
           f'estimator {estimator}: intra {m["intra_pairs"]} pairs, inter {m["inter_pairs"]}; se: {m["se_method"]}')
     if level_rows:
-      print(report.table([[r['level'], r['nodes']] + [r[k] if r[k] is not None else nan for k in SCALARS[:5]]
-                          for r in level_rows], ['level', 'nodes', *SCALARS[:5]]))
+      print(report.table([[r['level'], r['nodes']] + [nan(r[k]) for k in SCALARS[:5]] for r in level_rows],
+                         ['level', 'nodes', *SCALARS[:5]]))
     print(f'outputs in {os.path.abspath(workdir)}')
   return metrics

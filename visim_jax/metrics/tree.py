@@ -78,3 +78,16 @@ def node_clusters(tree: Mapping[str, Sequence[str]], class_names: Sequence[str],
         owner[ci] = hits[0]
     cl = np.where(labels >= 0, owner[np.clip(labels, 0, None)], -1)
     yield node, lvl.get(node, 0), kids, cl
+
+
+def level_means(rows: Sequence[Mapping], keys: Sequence[str]) -> tuple[list[dict], dict]:
+  """Tables 1 and 8: per level (rows' 'level'), the mean of each key over the level's nodes, and the mean over
+  all nodes (the paper's 'AVG'); None values (a metric a node could not have) are left out of the means."""
+  def mean(rs, k):
+    v = [r[k] for r in rs if r[k] is not None]
+    return float(np.mean(v)) if v else None
+  levels = []
+  for lv in sorted({r['level'] for r in rows}):
+    rs = [r for r in rows if r['level'] == lv]
+    levels.append({'level': lv, 'nodes': len(rs), **{k: mean(rs, k) for k in keys}})
+  return levels, {k: mean(rows, k) for k in keys}
