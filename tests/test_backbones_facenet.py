@@ -1,8 +1,8 @@
 """FaceNet Inception-ResNet-v1 in Flax vs a minimal PyTorch Inception-ResNet-v1 written here, and its weights.
 
-The reference is written for this test from Szegedy et al. 2017 (Fig. 14-19: the Inception-ResNet-v1 stem,
-Inception-ResNet-A/B/C blocks with scaled residuals 0.17 / 0.10 / 0.20, reductions A and B), with BatchNorm eps
-1e-3 and the 512-d bottleneck + L2 of FaceNet; module names follow facenet-pytorch's state dict
+The reference is written for this test from Szegedy et al. 2017 (Sec. 3.2 and its figures: the Inception-ResNet-v1
+stem, Inception-ResNet-A/B/C blocks with scaled residuals 0.17 / 0.10 / 0.20, reductions A and B), with BatchNorm
+eps 1e-3 and the 512-d bottleneck + L2 of FaceNet; module names follow facenet-pytorch's state dict
 (`repeat_1.0.branch1.1.conv.weight`, `mixed_7a.branch0.0.bn.running_var`, `block8.conv2d.bias`, `last_bn.*`).
 Channel counts are divided by `Arch.div` (8 in the tiny config).
 """

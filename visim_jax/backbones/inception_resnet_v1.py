@@ -6,7 +6,7 @@ facenet-pytorch: 20180402-114759-vggface2.pt) with the hook on module 'block8': 
 (no ReLU), 1792 channels, spatially averaged by the seed's processor -- Table 1's 1792-d `facenet`.
 
 Architecture (Szegedy et al. 2017, "Inception-v4, Inception-ResNet and the Impact of Residual Connections",
-Fig. 14-19 for Inception-ResNet-v1; facenet-pytorch `models/inception_resnet_v1.py`):
+Sec. 3.2 and its Inception-ResNet-v1 figures; facenet-pytorch `models/inception_resnet_v1.py`):
 - every BasicConv = conv (no bias) + BatchNorm (eps 1e-3) + ReLU;
 - stem: 3x3/2 (32, valid), 3x3 (32, valid), 3x3 (64, same), maxpool 3x3/2, 1x1 (80), 3x3 (192, valid),
   3x3/2 (256, valid);
