@@ -292,9 +292,15 @@ def test_8_devices_equal_one_device():
     index, key = S.group_by_class(lab, 6), jax.random.key(0)
     r1 = S.random_pair_histograms(x, index, key, n_pairs=50, kind='inter', round_size=16)
     r8 = S.random_pair_histograms(xs, index, key, n_pairs=50, kind='inter', round_size=16)
+    ev = {}
+    for mode in ('exhaustive', 'random'):  # end to end on sharded features == unsharded
+      o = H.Options(mode=mode, min_class_size=2, se_replicates=2, n_intra=64, n_inter=64)
+      a, b = H.evaluate(x, lab, 6, o), H.evaluate(xs, lab, 6, o)
+      ev[mode] = all(np.array_equal(a[k], b[k]) for k in ('hist_intra', 'hist_inter', 'overlap', 'max_overlap',
+                                                           'astd_inter')) and a['se'] == b['se']
     print(json.dumps({'exact': all(bool((a == b).all()) for a, b in zip(one, many)),
                       'random': bool((np.asarray(r1) == np.asarray(r8)).all()), 'sharded': len(xs.sharding.device_set),
-                      'pairs': int(one[0][0].sum() + one[1][0].sum() // 2)}))
+                      'pairs': int(one[0][0].sum() + one[1][0].sum() // 2), 'evaluate': ev}))
   ''')
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8', JAX_PLATFORMS='cpu')
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -302,4 +308,5 @@ def test_8_devices_equal_one_device():
   assert r.returncode == 0, r.stderr[-3000:]
   n = 180 - len(range(0, 180, 17))
   assert json.loads(r.stdout.strip().splitlines()[-1]) == {'exact': True, 'random': True, 'sharded': 8,
-                                                           'pairs': n * (n - 1) // 2}
+                                                           'pairs': n * (n - 1) // 2,
+                                                           'evaluate': {'exhaustive': True, 'random': True}}
