@@ -94,3 +94,22 @@ def test_clip_converts_through_the_same_command(tmp_path):
                                 sd['visual.attnpool.q_proj.weight'].numpy().T)
   with pytest.raises(UserError, match='not clip_rn101'):
     convert.convert('clip_rn101', str(tmp_path / 'tiny.pt'), str(tmp_path / 'd.safetensors'))
+
+
+def test_vgg16_converts_through_the_same_command(tmp_path):
+  from visim_jax.backbones import vgg
+  sd, cin, i = {}, 3, 0
+  for block in vgg.TINY_BLOCKS:  # torchvision's features.* indices: conv, relu per layer, a max pool per block
+    for c in block:
+      sd[f'features.{i}.weight'], sd[f'features.{i}.bias'] = torch.randn(c, cin, 3, 3), torch.randn(c)
+      cin, i = c, i + 2
+    i += 1
+  sd['classifier.0.weight'] = torch.zeros(4, 4)
+  torch.save(sd, tmp_path / 'vgg.pth')
+  info = convert.convert('vgg16', str(tmp_path / 'vgg.pth'), str(tmp_path / 'v.safetensors'), tiny=True)
+  assert info['num_tensors'] == 26
+  b = get_backbone('vgg16', weights=str(tmp_path / 'v.safetensors'), tiny=True)
+  np.testing.assert_array_equal(b.variables['params']['features_28']['kernel'],
+                                sd['features.28.weight'].numpy().transpose(2, 3, 1, 0))
+  with pytest.raises(UserError, match='do not fit vgg16'):
+    convert.convert('vgg16', str(tmp_path / 'vgg.pth'), str(tmp_path / 'w.safetensors'))  # tiny file, full name

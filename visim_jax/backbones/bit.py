@@ -192,7 +192,9 @@ def from_big_transfer_npz(sd: dict) -> dict:
     name = {'standardized_conv2d/kernel': f'conv{i}.weight', 'group_norm/gamma': f'norm{i}.weight',
             'group_norm/beta': f'norm{i}.bias', 'proj/standardized_conv2d/kernel': 'downsample.conv.weight'}[what]
     out[block + name] = sd[key]
-  return {k: np.asarray(v).transpose(3, 2, 0, 1) if np.ndim(v) == 4 else np.asarray(v) for k, v in out.items()}
+  # kernels HWIO -> OIHW; GroupNorm gamma / beta flattened to (C,) whatever their stored rank
+  return {k: np.asarray(v).transpose(3, 2, 0, 1) if k.endswith('conv.weight') or re.search(r'conv\d\.weight$', k)
+          else np.asarray(v).reshape(-1) for k, v in out.items()}
 
 
 def prepare_state_dict(name: str, sd: dict, where: str, tiny: bool = False) -> tuple[dict, dict]:

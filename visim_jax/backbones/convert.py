@@ -41,10 +41,28 @@ FAMILIES: dict[str, str] = {
     'visim_jax.backbones.bit': 'prepare_state_dict',
     'visim_jax.backbones.alexnet': 'prepare_state_dict',
     'visim_jax.backbones.clip_resnet': 'visim_jax.backbones.convert_clip:prepare_state_dict',
+    'visim_jax.backbones.vgg': 'visim_jax.backbones.convert:prepare_vgg',
     'visim_jax.backbones.vit': 'prepare_state_dict',
     'visim_jax.backbones.efficientnet': 'prepare_state_dict',
     'visim_jax.backbones.inception_resnet_v1': 'prepare_state_dict',
 }
+
+
+def prepare_vgg(name: str, sd: dict, where: str, tiny: bool = False) -> tuple[dict, dict]:
+  """torchvision VGG16 (vgg.py): the `features.*` conv tensors, checked by vgg.convert_state_dict."""
+  from visim_jax.backbones import vgg  # pylint: disable=g-import-not-at-top
+  sd = {(k[len('module.'):] if k.startswith('module.') else k): v for k, v in sd.items()}
+  blocks = vgg.TINY_BLOCKS if tiny else vgg.BLOCKS
+  try:
+    variables = vgg.convert_state_dict(sd, blocks, where)
+  except ValueError as e:
+    raise UserError(str(e)) from None
+  import jax  # pylint: disable=g-import-not-at-top
+  x = jax.ShapeDtypeStruct((1, 32, 32, 3), np.float32)
+  weights_lib.check_fits(variables, jax.eval_shape(lambda x: vgg.VGG(blocks).init(jax.random.PRNGKey(0), x), x),
+                         name, where)
+  keep = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in sd.items() if k.startswith('features.')}
+  return keep, {'architecture': {'blocks': [list(b) for b in blocks]}}
 
 
 def _is_torchscript(path: str) -> bool:
