@@ -290,6 +290,7 @@ def evaluate(x: jax.Array, labels: np.ndarray, num_classes: int, opts: Options =
   reps = _replicate_metrics(f32(h_in), f32(h_out), jnp.asarray(valid), None if pair is None else f32(pair))
   reps = {k: np.asarray(v) for k, v in reps.items()}
   m = {k: v[0] for k, v in reps.items()}
+
   def se(k):  # over the replicates where the value exists (a bootstrap draw may leave a class without pairs)
     v = reps[k][1:][np.isfinite(reps[k][1:])] if k in reps else []
     return float(np.std(v, ddof=1)) if len(v) >= 2 else None
