@@ -46,6 +46,7 @@ import numpy as np
 
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
+from visim_jax.backbones.resnet import preprocess as seed_transform  # the seed's default transform, one copy
 from visim_jax.backbones.efficientnet_lite import DepthwiseConv
 from visim_jax.errors import UserError
 from visim_jax.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
@@ -207,8 +208,7 @@ def apply_efficientnet_init(arch: Arch, variables, x):
 
 def preprocess_for(name: str, arch: Arch, preprocessing: str = 'seed', tiny: bool = False) -> Preprocess:
   if preprocessing == 'seed':
-    return Preprocess(size=TINY_SIZE if tiny else 224, resize='squash', mean=IMAGENET_MEAN, std=IMAGENET_STD,
-                      interpolation='bilinear')
+    return seed_transform(TINY_SIZE if tiny else 224)
   if preprocessing == 'native':
     return Preprocess(size=arch.native_size, resize='shorter_crop',
                       resize_to=int(math.floor(arch.native_size / arch.crop_pct)), mean=IMAGENET_MEAN,

@@ -45,8 +45,9 @@ import numpy as np
 from visim_jax import ops
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
+from visim_jax.backbones.resnet import preprocess as seed_transform  # the seed's default transform, one copy
 from visim_jax.errors import UserError
-from visim_jax.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from visim_jax.preprocess import Preprocess
 
 BN_EPS = 1e-3
 DEFAULT_LAYERS = ('block8',)
@@ -212,7 +213,7 @@ def apply_facenet_init(arch: Arch, variables, x):
 
 def preprocess_for(preprocessing: str = 'seed', size: int = 224) -> Preprocess:
   if preprocessing == 'seed':
-    return Preprocess(size=size, resize='squash', mean=IMAGENET_MEAN, std=IMAGENET_STD, interpolation='bilinear')
+    return seed_transform(size)
   if preprocessing == 'native':  # facenet-pytorch fixed_image_standardization on 160 px crops
     return Preprocess(size=160 if size == 224 else size, resize='squash', mean=(127.5,) * 3, std=(128.0,) * 3,
                       interpolation='bilinear')

@@ -45,6 +45,7 @@ import numpy as np
 
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
+from visim_jax.backbones.resnet import preprocess as seed_transform  # the seed's default transform, one copy
 from visim_jax.errors import UserError
 from visim_jax.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
@@ -83,7 +84,7 @@ LN_EPS = 1e-6
 def preprocess_for(name: str, preprocessing: str = 'seed', size: int = 224) -> Preprocess:
   """The seed code's default transform ('seed'), or the weights' own eval transform ('native')."""
   if preprocessing == 'seed':
-    return Preprocess(size=size, resize='squash', mean=IMAGENET_MEAN, std=IMAGENET_STD, interpolation='bilinear')
+    return seed_transform(size)
   if preprocessing == 'native':
     if name == 'vit':  # timm default_cfg: crop_pct 0.9, bicubic, mean = std = 0.5
       return Preprocess(size=size, resize='shorter_crop', resize_to=int(size / 0.9), mean=(127.5,) * 3,
