@@ -21,8 +21,8 @@ returns a fixed R_max with a mask so images of different shapes can be stacked a
 Host side (`extract_regions`, `descriptors`, `describe_images`): images keep their aspect ratio and are scaled down so that their
 longer side is at most `max_side` (1024, the paper's "re-scaled up to 1024 pixels"; smaller images and query
 crops are not enlarged, as cirtorch's `imresize` and the authors' test.m, which feeds the crops as they are);
-images of the same resulting shape are batched together (shape buckets), so every bucket runs one jitted
-program. Region vectors (before whitening) are what gets cached (`cached_regions`: one .npz per image list x
+images of the same resulting shape are batched together (shape buckets; a bucket's last batch padded to a power
+of two), so every bucket runs one or a few jitted programs. Region vectors (before whitening) are what gets cached (`cached_regions`: one .npz per image list x
 backbone x weights x options, with its manifest): the whitening can then be learned on one set and applied to
 another without re-running the network. `Options.whiten_on` names that set: an image folder, an .npz of region
 vectors (`regions`), or a learned whitening (`mean`, `components`, `scale`, as `save_whitening` writes).
@@ -161,12 +161,15 @@ def load_image(path: str, max_side: int = 1024, bbox: Sequence[float] | None = N
   return np.asarray(im, np.uint8)
 
 
+_REGIONS_FNS: dict = {}
+
+
 def make_regions_fn(backbone, layer: str = 'conv5_3', levels: int = 3, include_global: bool = False,
                     dtype: str = 'float32'):
   """A jitted (variables, uint8 (N, H, W, 3)) -> (N, R, C) region vectors of `layer`; recompiles per shape only.
-  Cached on the backbone object."""
-  cache = backbone.__dict__.setdefault('_rmac_fns', {})
-  key = (layer, levels, include_global, dtype)
+  One per backbone (name, weights) and options: building the same backbone twice compiles once."""
+  cache = _REGIONS_FNS
+  key = (backbone.name, backbone.weights_id, layer, levels, include_global, dtype)
   if key not in cache:
     dt = jnp.dtype(dtype)
 
@@ -204,8 +207,9 @@ def extract_regions(backbone, paths: Sequence[str], bboxes: Sequence | None = No
     for s in range(0, len(idx), batch_size):
       chunk = idx[s:s + batch_size]
       x = np.stack([images[i] for i in chunk])
-      if len(chunk) < batch_size and len(idx) > batch_size:   # pad the bucket's last batch: one program per shape
-        x = np.concatenate([x, np.zeros((batch_size - len(chunk),) + x.shape[1:], x.dtype)])
+      n = min(batch_size, 1 << (len(chunk) - 1).bit_length())   # pad to a power of two: few programs per shape
+      if n > len(chunk):
+        x = np.concatenate([x, np.zeros((n - len(chunk),) + x.shape[1:], x.dtype)])
       r = np.asarray(fn(backbone.variables, x))
       for j, i in enumerate(chunk):
         per_image[i] = r[j]

@@ -64,7 +64,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.test_fraction, c.train_fraction = 0.25, 0.75   # classes mode, pairs mode
   c.ks = (1, 5, 10)
   c.seed = 0
-  c.retrieval = ml_collections.ConfigDict({'gt': '', 'features': ''})
+  # Oxford/Paris: gt + features (precomputed .npz), or roots: comma-separated dataset folders (jpg/ + gnd_*.pkl,
+  # data/retrieval.py) whose database images and cropped queries are described with the run's backbone (pooling=rmac)
+  c.retrieval = ml_collections.ConfigDict({'gt': '', 'features': '', 'roots': ''})
   c.q_tile, c.d_tile, c.score_dtype = 256, 256, 'float32'
   c.log_every = 100            # steps per jitted chunk (a loss point, an eval point in warm-up)
   c.checkpoint, c.checkpoint_every, c.plots = True, 1000, True
@@ -97,7 +99,7 @@ def validate_config(config) -> None:
     need(config.warmup_steps >= 1, 'warmup_steps', 'mode=warmup needs warm-up steps')
     need(config.warmup_dim >= 2, 'warmup_dim', 'must be >= 2')
   else:
-    need(config.steps >= 1, 'steps', 'must be >= 1')
+    need(config.steps >= 1 or bool(config.init_from), 'steps', 'must be >= 1 (0 only with init_from: evaluate it)')
     need(config.split in ('images', 'classes'), 'split', "'images' or 'classes'")
     need(0.0 < config.test_fraction < 1.0 and 0.0 < config.train_fraction < 1.0, 'test_fraction',
          'test_fraction and train_fraction in (0, 1)')
@@ -105,8 +107,12 @@ def validate_config(config) -> None:
       need(bool(config.data_dir), 'data_dir', f'a folder is required for dataset={config.dataset}')
   if bool(config.retrieval.gt) != bool(config.retrieval.features):
     raise UserError('config.retrieval: gt and features go together (ground truth + an .npz with database/queries)')
-  if config.retrieval.gt and config.mode != 'classes':
+  if (config.retrieval.gt or config.retrieval.roots) and config.mode != 'classes':
     raise UserError('config.retrieval: Oxford/Paris evaluation is run in mode=classes')
+  if config.retrieval.roots and (config.pooling != 'rmac' or config.dataset == 'features'):
+    raise UserError('config.retrieval.roots: Oxford/Paris folders are described with the run\'s backbone and '
+                    'pooling=rmac (cropped queries) from an image dataset; set --config.pooling=rmac, or give '
+                    'precomputed retrieval.gt + retrieval.features')
   if config.init_from and not os.path.isdir(config.init_from):
     raise FileNotFoundError(f'config.init_from: {config.init_from} is not a checkpoints folder')
 
@@ -214,6 +220,11 @@ def prepare(config, progress):
       r = simnet_run.load_retrieval_eval(config, x.shape[1])
       db, q = transform(config, x[tr], r['database'], r['queries'])
       out['retrieval'] = {'database': db, 'queries': q, 'gt': r['gt']}
+    if config.retrieval.roots:
+      out['retrieval_sets'] = {}
+      for r in simnet_run.load_retrieval_sets(config, progress):
+        db, q = transform(config, x[tr], r['database'], r['queries'])
+        out['retrieval_sets'][r['name']] = {'database': db, 'queries': q, 'gt': r['gt']}
     return out
   left, right, names, desc = load_pairs(config, progress)
   n, perm = len(names), rng.permutation(len(names))

@@ -91,6 +91,7 @@ def train(config, rt: runtime.Run, d: dict):
       if step == S1 or not os.path.exists(pool_file):
         hp, hn, hard_stats = mine(config, tree['params'], d, k_hard)
         runtime.write_npz(pool_file, pos=hp, neg=hn, stats=json.dumps(hard_stats))
+        runtime.write_npz(rt.path('params_simnet.npz'), **_flat(tree['params']))   # SimNet, before SimNet*
       else:
         with np.load(pool_file, allow_pickle=False) as z:
           hp, hn, hard_stats = z['pos'], z['neg'], json.loads(str(z['stats']))
@@ -100,9 +101,17 @@ def train(config, rt: runtime.Run, d: dict):
                                                    n, bs, config.mode, n_hard)
       tree = loop(tree, stage2, step, S2)
   params = jax.tree.map(jnp.asarray, tree['params'])
-  return params, {'losses': tree['losses'], 'warm_curve': tree['warm_curve'], 'phase_ends': (W, S1, S2),
+  stage1 = None
+  if config.mode != 'warmup' and config.refine_steps and os.path.exists(rt.path('params_simnet.npz')):
+    with np.load(rt.path('params_simnet.npz'), allow_pickle=False) as z:
+      stage1 = {k: {'w': jnp.asarray(z[f'{k}/w']), 'b': jnp.asarray(z[f'{k}/b'])} for k in params}
+  return params, {'params_simnet': stage1, 'losses': tree['losses'], 'warm_curve': tree['warm_curve'], 'phase_ends': (W, S1, S2),
                   'hidden': hidden, 'warm_stats': warm_stats, 'warm_pred': warm_pred, 'warm_cos': np.asarray(wc),
                   'hard_stats': hard_stats}
+
+
+def _flat(params):
+  return {f'{layer}/{k}': np.asarray(v) for layer, leaves in params.items() for k, v in leaves.items()}
 
 
 def _warm_eval(params, x, y, c):
@@ -160,6 +169,11 @@ def evaluate(config, params, d, stats) -> dict:
     stats['scatter'] = (cos[~junk], s[~junk], pos[~junk])
     if 'retrieval' in d:
       m['oxford_paris'] = evaluate_oxford_paris(params, d['retrieval'], ks, kw)
+    if 'retrieval_sets' in d:   # cosine, SimNet (end of stage 1) and SimNet* (after refinement) when both exist
+      models = {'simnet': params}
+      if config.refine_steps:
+        models = {k: v for k, v in (('simnet', stats['params_simnet']), ('simnet_star', params)) if v is not None}
+      m['retrieval_sets'] = {name: evaluate_oxford_paris(models, r, ks, kw) for name, r in d['retrieval_sets'].items()}
   elif config.mode == 'pairs':
     l_te, r_te = (jnp.asarray(a) for a in d['test'])
     s, cos = simnet.score_matrix(params, l_te, r_te, **kw), retrieval_metrics.cosine_matrix(l_te, r_te)
@@ -193,12 +207,31 @@ def load_retrieval_eval(config, dim):
   return {'database': db, 'queries': q, 'gt': gt}
 
 
+def load_retrieval_sets(config, progress=True) -> list[dict]:
+  """config.retrieval.roots -> [{'name', 'database', 'queries', 'gt'}]: R-MAC of every database image and of every
+  query cropped to its box (data/retrieval.py folders), with the run's backbone, whitening and cache."""
+  from visim_jax import features as features_lib
+  from visim_jax.data import retrieval as retrieval_data
+  backbone, _ = features_lib.build(config)
+  out = []
+  for root in [r.strip() for r in config.retrieval.roots.split(',') if r.strip()]:
+    ds = retrieval_data.load_retrieval_set(root)
+    db = features_lib.rmac_features(config, backbone, ds.image_paths, tag=f'{ds.name}-db', progress=progress)
+    q = features_lib.rmac_features(config, backbone, ds.query_paths, bboxes=ds.gt.bboxes, tag=f'{ds.name}-queries',
+                                   progress=progress)
+    out.append({'name': ds.name, 'database': db, 'queries': q, 'gt': ds.gt})
+  return out
+
+
 def evaluate_oxford_paris(params, arrays, ks, score_kw):
+  """Classic or revisited mAP of cosine and of each model ({name: params}, or one params tree = 'simnet')."""
   gt = arrays['gt']
   q, db = jnp.asarray(arrays['queries']), jnp.asarray(arrays['database'])
   out = {'protocol': gt.protocol, 'n_queries': len(gt), 'n_database': len(gt.imlist)}
-  for name, s in (('cosine', retrieval_metrics.cosine_matrix(q, db)),
-                  ('simnet', simnet.score_matrix(params, q, db, **score_kw))):
+  models = params if 'layer_00' not in params else {'simnet': params}
+  scored = [('cosine', retrieval_metrics.cosine_matrix(q, db))]
+  scored += [(name, simnet.score_matrix(p, q, db, **score_kw)) for name, p in models.items()]
+  for name, s in scored:
     s = np.asarray(s)
     if gt.protocol == 'revisited':
       r = map_lib.evaluate_revisited(s, gt.gnd, ks)
@@ -239,10 +272,12 @@ def print_summary(metrics, ks) -> None:
     names = [k for k in metrics['results']['cosine'] if '@' in k or k == 'mAP']
     say(report.table([[m] + [metrics['results'][m][k] for k in names] for m in ('cosine', 'simnet')],
                      ['similarity'] + names))
-  if 'oxford_paris' in metrics:
-    o = metrics['oxford_paris']
+  sets = ({'oxford_paris': metrics['oxford_paris']} if 'oxford_paris' in metrics else {})
+  sets.update(metrics.get('retrieval_sets', {}))
+  for set_name, o in sets.items():
+    names = [k for k in o if k not in ('protocol', 'n_queries', 'n_database')]
     if o['protocol'] == 'revisited':
-      rows = [[m] + [o[m][s]['mAP'] for s in map_lib.REVISITED_SETTINGS] for m in ('cosine', 'simnet')]
-      say(report.table(rows, ['similarity', 'mAP easy', 'mAP medium', 'mAP hard']))
+      rows = [[m] + [o[m][s]['mAP'] for s in map_lib.REVISITED_SETTINGS] for m in names]
+      say(report.table(rows, [set_name, 'mAP easy', 'mAP medium', 'mAP hard']))
     else:
-      say(report.table([[m, o[m]['mAP']] for m in ('cosine', 'simnet')], ['similarity', 'mAP (classic)']))
+      say(report.table([[m, o[m]['mAP']] for m in names], [set_name, 'mAP (classic)']))
