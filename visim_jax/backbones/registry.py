@@ -5,8 +5,11 @@ Every factory takes keyword options and returns a `Backbone`:
 - `weights`: a local file or folder (or a hub id for the HF families); default: offline look-up (weights.py);
 - `random_init`: an int seed: the real architecture with random weights (no network);
 - `tiny`: True for a tiny random config of the family (tests; not for efficientnet_lite0);
-- `layers`: the default pooled stages (a tuple or 'a,b,c'), for the HF and CLIP ResNet families.
-Naming: `<family>_<variant>`: clip_rn50, clip_vit_b32, vit_b16, dinov2_s14, resnet50, regnet_y_040, ...
+- `layers`: the default pooled stages (a tuple or 'a,b,c'), for the HF, CLIP ResNet and Table 1 families;
+- `abstract`: True (the converted Table 1 families): no weights, for jax.eval_shape only (`pooled_dim`).
+Naming: `<family>_<variant>`: clip_rn50, clip_vit_b32, vit_b16, dinov2_s14, regnet_y_040, ...; paper 001 Table 1's
+names as the table spells them (lower case, '-' -> '_'): resnet50 (torchvision weights), resnext101_32x8d_wsl,
+barlow, bit_m_r50x1, alexnet, ...; other weights of the same architecture get another name (hf_resnet50).
 """
 from __future__ import annotations
 
