@@ -13,7 +13,7 @@ short warm-up, 1,000 steps of Eq. 2 (delta 0.4), then 500 SimNet* steps with dif
 decay 5e-4 (weights only) batch 100, N(0, 0.01^2) init, VGG16 conv5_3 R-MAC 512-d (max side 1024, PCA-whitening
 on --config.rmac.whiten_on=<Paris6k jpg folder>), warm-up on 22.5M random pairs drawn as the authors do, 100
 epochs of ~1M training pairs, SimNet* refinement, delta 0.8 (docs/simnet.md: the fidelity table). VGG16 weights:
-`python -m visim_jax.backbones.vgg --input vgg16-397923af.pth --output ~/.cache/visim_jax/weights/vgg16.safetensors`.
+`python -m visim_jax.backbones.convert --backbone=vgg16 --checkpoint=vgg16-397923af.pth`.
 `:paper_demo` runs that recipe on the offline demo (a tiny random VGG16 when no weights are installed, said in
 metrics.json) with CPU budgets.
 Oxford/Paris evaluation: --config.retrieval.gt=gnd_roxford5k.pkl (or the classic gt_files folder)

@@ -2,7 +2,7 @@ r"""SimNet / SimNet* on Oxford5k / Paris6k (paper 002, Sec. 4): VGG16 R-MAC, tra
 revisited mAP for cosine, SimNet and SimNet*.
 
   # 1. VGG16 weights, once: torchvision's vgg16-397923af.pth -> safetensors (no torch needed)
-  python -m visim_jax.backbones.vgg --input vgg16-397923af.pth --output ~/.cache/visim_jax/weights/vgg16.safetensors
+  python -m visim_jax.backbones.convert --backbone=vgg16 --checkpoint=vgg16-397923af.pth
   # 2. datasets in revisitop's layout (<root>/jpg/*.jpg + <root>/gnd_<name>.pkl): roxford5k, rparis6k (revisited:
   #    easy / medium / hard), oxford5k, paris6k (classic: cirtorch's gnd_oxford5k.pkl, or the gt_files folder)
   python -m visim_jax.main --config=configs/simnet_oxford.py --workdir=workdirs/simnet_oxford \

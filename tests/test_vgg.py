@@ -56,20 +56,22 @@ def test_parity_with_pytorch_tiny(tmp_path):
 
 
 def test_convert_and_load(tmp_path):
+  """The one conversion CLI (backbones/convert.py) writes what vgg16 loads; the sidecar sha256 is the weights id."""
   from tests.torch_init import randomise
+  from visim_jax.backbones import convert
   ref = randomise(torch_vgg(vgg.TINY_BLOCKS), seed=1)
   torch.save(ref.state_dict(), tmp_path / 'tiny.pth')
   out = str(tmp_path / 'tiny.safetensors')
-  digest = vgg.convert(str(tmp_path / 'tiny.pth'), out, vgg.TINY_BLOCKS)
+  info = convert.convert('vgg16', str(tmp_path / 'tiny.pth'), out, tiny=True)
   variables, weights_id = vgg.load_variables(out, vgg.TINY_BLOCKS)
-  assert weights_id == digest
+  assert weights_id == info['sha256']
   np.testing.assert_array_equal(variables['params']['features_28']['bias'], ref.features[28].bias.detach().numpy())
-  with pytest.raises(ValueError, match='do not fit VGG16'):
+  with pytest.raises(ValueError, match='do not fit'):
     vgg.load_variables(out)                                 # tiny weights for the full network
   bad = randomise(torch_vgg(((8,),)), seed=0)
   with pytest.raises(ValueError, match='not a torchvision VGG16'):
     vgg.convert_state_dict({k: v.numpy() for k, v in bad.state_dict().items()})
-  with pytest.raises(FileNotFoundError, match='python -m visim_jax.backbones.vgg'):
+  with pytest.raises(ValueError, match='python -m visim_jax.backbones.convert --backbone=vgg16'):
     vgg.vgg16(weights=str(tmp_path / 'missing.safetensors'))
 
 
@@ -91,7 +93,7 @@ def test_full_size_shapes_and_backbone():
 
 def test_missing_weights_fallback_says_so(tmp_path, monkeypatch):
   monkeypatch.setenv('VISIM_JAX_WEIGHTS', str(tmp_path))
-  with pytest.raises(FileNotFoundError, match='vgg16.safetensors not found'):
+  with pytest.raises(ValueError, match='vgg16.safetensors: no converted weights'):
     vgg.vgg16()
   b = vgg.vgg16(missing_weights='tiny_random')
   assert b.weights_id == f'random:0:tiny:no-weights-at:{tmp_path}/vgg16.safetensors'

@@ -11,10 +11,11 @@ authors' MatConvNet code, `featnet.layers(1:31)`, computes it). `final` = 'pool5
 convolutional, so any input size works (R-MAC feeds whole images, max side 1024).
 
 Weights: torchvision's state dict names and layouts: `features.{i}.weight` (O, I, 3, 3) / `features.{i}.bias` for
-the conv layers at indices i in CONV_INDICES (`classifier.*` entries are ignored), stored once as safetensors (or
-npz) at `$VISIM_JAX_WEIGHTS/vgg16.safetensors` (or weights=PATH); `convert_state_dict` maps them to Flax (OIHW ->
-HWIO). A torchvision `.pth` is converted once, offline, by reading it through visim_jax.safe_pickle (see
-`convert`), never unpickled at run time. Preprocessing: torchvision's ImageNet mean / std.
+the conv layers at indices i in CONV_INDICES (`classifier.*` entries are dropped), converted once from
+torchvision's `vgg16-397923af.pth` by the one conversion CLI, `python -m visim_jax.backbones.convert
+--backbone=vgg16 --checkpoint=vgg16-397923af.pth` (read through visim_jax.safe_pickle, never unpickled at run
+time), to `$VISIM_JAX_WEIGHTS/vgg16.safetensors` (or weights=PATH); `convert_state_dict` maps them to Flax (OIHW ->
+HWIO). Preprocessing: torchvision's ImageNet mean / std.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from visim_jax.backbones import weights as weights_lib
-from visim_jax.backbones.base import Backbone, sha256_file
+from visim_jax.backbones.base import Backbone
 from visim_jax.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
 # torchvision cfgs['D'] as blocks of conv widths; a max pool ends every block
@@ -95,36 +96,20 @@ def convert_state_dict(sd: dict, blocks: Sequence[Sequence[int]] = BLOCKS, where
   return {'params': params}
 
 
-def read_weights(path: str) -> dict[str, np.ndarray]:
-  """{name: array} from .safetensors or .npz (never a pickle)."""
-  if path.endswith('.safetensors'):
-    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-    return load_file(path)
-  if path.endswith('.npz'):
-    with np.load(path, allow_pickle=False) as z:
-      return {k: z[k] for k in z.files}
-  raise ValueError(f'{path}: expected a .safetensors or .npz file (convert a torchvision vgg16-*.pth once with '
-                   '`python -m visim_jax.backbones.vgg --input vgg16-397923af.pth --output vgg16.safetensors`)')
-
-
 def _shapes(blocks):
   x = jax.ShapeDtypeStruct((1, 32, 32, 3), jnp.float32)
   model = VGG(blocks)
   return model, jax.eval_shape(lambda x: model.init(jax.random.PRNGKey(0), x), x)
 
 
-def load_variables(path: str, blocks=BLOCKS, name: str = 'vgg16') -> tuple[dict, str]:
-  if not os.path.isfile(path):
-    raise FileNotFoundError(
-        f'{name}: weights file {path} not found. Convert torchvision\'s vgg16-397923af.pth once: '
-        f'`python -m visim_jax.backbones.vgg --input vgg16-397923af.pth --output {path}` (default location '
-        f'{weights_lib.default_location(name)}.safetensors; set VISIM_JAX_WEIGHTS to move it), or pass '
-        'weights=/path/to/file.safetensors; for tests use tiny=True or random_init=SEED')
-  variables = convert_state_dict(read_weights(path), blocks, path)
+def load_variables(path: str | None, blocks=BLOCKS, name: str = 'vgg16') -> tuple[dict, str]:
+  """Flax variables + sha256 of a converted weight file (`backbones/convert.py`; default $VISIM_JAX_WEIGHTS/vgg16.
+  safetensors), checked against its sidecar and the architecture."""
+  sd, digest, path = weights_lib.load_converted(name, path)
+  variables = convert_state_dict(sd, blocks, path)
   _, shapes = _shapes(blocks)
-  if jax.tree.map(lambda a: a.shape, variables) != jax.tree.map(lambda a: tuple(a.shape), dict(shapes)):
-    raise ValueError(f'{name}: {path}: weights do not fit VGG16 (widths {blocks})')
-  return variables, sha256_file(path)
+  weights_lib.check_fits(variables, dict(shapes), name, path)
+  return variables, digest
 
 
 MISSING = ('error', 'tiny_random')
@@ -156,9 +141,8 @@ def vgg16(weights: str | None = None, random_init: int | None = None, tiny: bool
     if fallback:
       where += f': NO VGG16 WEIGHTS at {default}, a stand-in with the recipe\'s shape, not the paper\'s features'
   else:
-    path = os.path.expanduser(weights) if weights else default
-    variables, weights_id = load_variables(path, blocks, name)
-    where = path
+    variables, weights_id = load_variables(weights, blocks, name)
+    where = weights_lib.converted_path(name, weights)
   if isinstance(layers, str):
     layers = [l.strip() for l in layers.split(',') if l.strip()]
   layers = tuple(layers) if layers else DEFAULT_LAYERS
@@ -175,36 +159,3 @@ def vgg16(weights: str | None = None, random_init: int | None = None, tiny: bool
       labels=None,
       description=f'VGG16 ImageNet-1k (torchvision), conv stages up to conv5_3 / pool5 [{where}]',
   )
-
-
-# ------------------------------------------------------------------------------------ one-time conversion (offline)
-
-def convert(input_path: str, output_path: str, blocks: Sequence[Sequence[int]] = BLOCKS) -> str:
-  """torchvision vgg16-*.pth (read by the restricted unpickler, no torch) or .safetensors/.npz -> safetensors of
-  the conv weights (torchvision names, float32). Returns the output's sha256."""
-  from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
-  from visim_jax import ops, safe_pickle  # pylint: disable=g-import-not-at-top
-  if not output_path.endswith('.safetensors'):
-    raise ValueError(f'--output {output_path}: must end with .safetensors')
-  if input_path.endswith(('.safetensors', '.npz')):
-    sd = read_weights(input_path)
-  else:
-    sd = safe_pickle.load_torch_state_dict(input_path)
-  convert_state_dict(sd, blocks, input_path)          # validates
-  keep = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in sd.items() if k.startswith('features.')}
-  ops.atomic_write_bytes(output_path, save(keep))
-  return sha256_file(output_path)
-
-
-def main(argv=None) -> int:
-  import argparse  # pylint: disable=g-import-not-at-top
-  p = argparse.ArgumentParser(description='Convert torchvision VGG16 ImageNet weights to safetensors (offline).')
-  p.add_argument('--input', required=True, help="torchvision's vgg16-397923af.pth, or a .safetensors / .npz")
-  p.add_argument('--output', required=True, help='output .safetensors')
-  args = p.parse_args(argv)
-  print(f'{args.output}: sha256 {convert(args.input, args.output)}')
-  return 0
-
-
-if __name__ == '__main__':
-  raise SystemExit(main())
