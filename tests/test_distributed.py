@@ -91,3 +91,56 @@ def test_two_processes_on_localhost():
   assert sorted(o[0] for o in outs) == ['0', '1']
   assert all(o[1] == '2' for o in outs)
   assert all(int(o[2]) == 2 for o in outs)  # one CPU device per process, both visible globally
+
+
+SIMNET_CHILD = """
+import json, os, sys
+import jax
+jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+pid, nproc, port, feats, wd = sys.argv[1:6]
+if int(nproc) > 1:
+  jax.distributed.initialize(f'localhost:{port}', int(nproc), int(pid))
+sys.path.insert(0, os.path.join(os.getcwd(), 'configs'))
+import simnet_tll
+from visim_jax.experiments import simnet
+c = simnet_tll.get_config('local')
+c.features, c.plots = feats, False
+m = simnet.run(c, wd, progress=False)
+if jax.process_index() == 0:
+  json.dump({'results': m['results'], 'simnet_star': m['simnet_star'], 'processes': jax.process_count()},
+            open(os.path.join(wd, 'child.json'), 'w'))
+"""
+
+
+def test_simnet_two_processes_equal_one(tmp_path):
+  """SimNet through the runtime on 2 jax.distributed processes (Orbax saves on both, writes on process 0) =
+  1 process: same results and SimNet* pool, checkpoints of every chunk written once."""
+  import json
+  import numpy as np
+  rng = np.random.RandomState(1)
+  left = rng.randn(40, 10).astype(np.float32)
+  np.savez(tmp_path / 'pairs.npz', left=left, right=left + 0.5 * rng.randn(40, 10).astype(np.float32),
+           names=np.array([f'{i:05d}.jpg' for i in range(40)]))
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+  base = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'TPU_', 'JAX_COORD', 'VISIM_DIST'))}
+  base.update(JAX_PLATFORMS='cpu', PYTHONPATH=ROOT + os.pathsep + base.get('PYTHONPATH', ''))
+
+  def start(pid, nproc, wd):
+    return subprocess.Popen([sys.executable, '-c', SIMNET_CHILD, str(pid), str(nproc), str(port),
+                             str(tmp_path / 'pairs.npz'), str(wd)], cwd=ROOT, env=base,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  procs = [start(i, 2, tmp_path / 'two') for i in range(2)] + [start(0, 1, tmp_path / 'one')]
+  for p in procs:
+    try:
+      log = p.communicate(timeout=300)[0]
+    except subprocess.TimeoutExpired:
+      for q in procs:
+        q.kill()
+      pytest.fail('SimNet on two processes timed out')
+    assert p.returncode == 0, log[-3000:]
+  two, one = (json.load(open(tmp_path / w / 'child.json')) for w in ('two', 'one'))
+  assert two['processes'] == 2 and one['processes'] == 1
+  assert two['results'] == one['results'] and two['simnet_star'] == one['simnet_star']
+  assert {int(s) for s in os.listdir(tmp_path / 'two' / 'checkpoints')} == {80, 120}
