@@ -30,10 +30,10 @@ def get_config(arg=None):
 
   # method
   c.pca_dim = 256
-  c.pca_fit = 'train'          # 'train' (each run's training split) | 'all' (reference: all vectors)
+  c.pca_fit = 'train'          # 'train' (the pairs each run trains on) | 'all' (reference: every vector + mirrored)
   c.pca_whiten = False
   c.adapt_dim = 1024
-  c.sigma = 15.0
+  c.sigmas = (15.0,)           # temperatures of Eq. 1, trained in one program; Table 1: (1, 15)
   c.lr = 1e-3
   c.epochs = 150
   c.train_dtype = 'float32'    # matmul inputs of the training step; 'bfloat16' on accelerators (f32 accumulation)
@@ -41,6 +41,8 @@ def get_config(arg=None):
   # protocol
   c.runs = 20
   c.train_fraction = 0.75
+  c.select_epoch = 'val'       # epoch rule: 'val' (held-out part of each training split) | 'last' | 'test' (optimistic)
+  c.val_fraction = 0.1         # share of each run's training split held out to pick the epoch (select_epoch='val')
   c.seed = 0
   c.ks = (1, 5, 20)
 

@@ -81,6 +81,6 @@ def test_from_training_output_and_checkpoint(tmp_path):
   ad = export.load_adapter(str(tmp_path / 'r1.npz'))
   te = out['test_idx'][1]
   ranks = train.best_ranks(export.apply_adapter(ad, feats.left[te]), export.apply_adapter(ad, feats.right[te]))
-  np.testing.assert_array_equal(np.asarray(ranks), out['ranks'][1, -1])
+  np.testing.assert_array_equal(np.asarray(ranks), out['ranks'][1, 0, -1])  # (R, S, E, n): the one sigma
   with pytest.raises(UserError, match='--run=2'):
     export.run_arrays(out, 2)

@@ -31,10 +31,11 @@ DATASETS = ('tll', 'demo', 'features')
 
 
 def hparams_from_config(config) -> train.Hparams:
-  return train.Hparams(runs=config.runs, train_fraction=config.train_fraction, pca_dim=config.pca_dim,
-                       pca_fit=config.pca_fit, pca_whiten=config.pca_whiten, adapt_dim=config.adapt_dim,
-                       sigma=config.sigma, lr=config.lr, epochs=config.epochs, seed=config.seed,
-                       dtype=config.train_dtype)
+  return train.Hparams(runs=config.runs, train_fraction=config.train_fraction, select_epoch=config.select_epoch,
+                       val_fraction=config.val_fraction, pca_dim=config.pca_dim, pca_fit=config.pca_fit,
+                       pca_whiten=config.pca_whiten, adapt_dim=config.adapt_dim,
+                       sigmas=tuple(float(s) for s in config.sigmas), lr=config.lr, epochs=config.epochs,
+                       seed=config.seed, dtype=config.train_dtype)
 
 
 def validate_config(config) -> None:
@@ -48,7 +49,11 @@ def validate_config(config) -> None:
   need(config.pca_dim >= 1, 'pca_dim', 'must be >= 1')
   need(config.pca_fit in ('train', 'all'), 'pca_fit', "'train' or 'all'")
   need(config.adapt_dim >= 1, 'adapt_dim', 'must be >= 1')
-  need(config.sigma > 0, 'sigma', 'must be > 0')
+  sig = tuple(config.sigmas) if isinstance(config.sigmas, (tuple, list)) else ()
+  need(len(sig) >= 1 and all(float(x) > 0 for x in sig) and len(set(sig)) == len(sig), 'sigmas',
+       'one or more distinct temperatures > 0, e.g. (15,) or (1, 15)')
+  need(config.select_epoch in train.SELECT_EPOCH, 'select_epoch', f'one of {train.SELECT_EPOCH}')
+  need(0.0 < config.val_fraction < 1.0, 'val_fraction', 'must be in (0, 1)')
   need(config.lr > 0, 'lr', 'must be > 0')
   need(config.epochs >= 1, 'epochs', 'must be >= 1')
   need(config.train_dtype in ('float32', 'bfloat16'), 'train_dtype', "'float32' or 'bfloat16'")
@@ -61,14 +66,17 @@ def validate_config(config) -> None:
 
 def check_sizes(hp: train.Hparams, n: int, dim: int, ks) -> None:
   """What the pair count and feature size allow (run before feature extraction when they are known)."""
-  n_train = hp.n_train(n)
+  n_train, n_fit, n_val = hp.n_train(n), hp.n_fit(n), hp.n_val(n)
   n_test = n - n_train
-  if n_train < 2:
-    raise UserError(f'config.train_fraction: {n} pairs give a training split of {n_train} pairs')
+  if n_fit < 2:
+    raise UserError(f'config.train_fraction: {n} pairs give {n_fit} pairs to train on')
   if n_test < max(ks):
     raise UserError(f'config.ks: the test split has {n_test} pairs (of {n}, train_fraction={hp.train_fraction}), '
                     f'fewer than the largest k = {max(ks)}')
-  fit_rows = 2 * (n if hp.pca_fit == 'all' else n_train)
+  if hp.select_epoch == 'val' and n_val < 2:
+    raise UserError(f'config.val_fraction: {hp.val_fraction} of the {n_train} training pairs is {n_val} validation '
+                    'pairs; raise it, or pick the epoch another way (--config.select_epoch=last)')
+  fit_rows = 2 * (n if hp.pca_fit == 'all' else n_fit)
   if hp.pca_dim > min(dim, fit_rows):
     raise UserError(f'config.pca_dim: {hp.pca_dim} exceeds min(feature dim {dim}, PCA samples {fit_rows}); '
                     f'use --config.pca_dim={min(dim, fit_rows)} or less')
@@ -110,8 +118,10 @@ def train_all(hp: train.Hparams, feats: train.Features, run: runtime.Run | None 
   """Every run through the runtime loop (checkpoints in `run`, none when run is None).
 
   The runs axis is sharded over `devices` (default: every device of every host; see sharding.py).
-  Returns numpy arrays: loss (R, E), ranks (R, E, n_test), raw/pca baseline ranks (R, n_test), explained
-  variance (R,), final params, PCAs, test_idx (R, n_test).
+  Every run trains at every sigma of hp.sigmas in the same program (train.train_chunk).
+  Returns numpy arrays: loss (R, S, E), ranks (R, S, E, n_test), val_ranks (R, S, E, n_val) or None,
+  raw/pca baseline ranks (R, n_test), explained variance (R,), final params (R, S, ...), PCAs, test_idx
+  (R, n_test), val_idx (R, n_val) or None; train.select_sigma(out, s) gives one sigma's view.
   """
   mesh = sharding.make_mesh('runs', devices)
   per_run, rep = sharding.split(mesh), sharding.replicated(mesh)
@@ -119,61 +129,48 @@ def train_all(hp: train.Hparams, feats: train.Features, run: runtime.Run | None 
   hp_x = dataclasses.replace(hp, runs=sharding.padded(runs, mesh))  # extra runs are computed, then dropped
   feats_j = train.Features(*(None if a is None else sharding.to_global(np.asarray(a, np.float32), rep)
                              for a in feats))
-  train_idx, test_idx = jax.jit(train.splits, static_argnums=(0, 1), out_shardings=per_run)(hp_x, len(feats.left))
+  sp = jax.jit(train.splits, static_argnums=(0, 1), out_shardings=per_run)(hp_x, len(feats.left))
+  shape = lambda idx: (hp_x.runs, len(hp.sigmas), hp.epochs, idx.shape[1])
   fit = jax.jit(train.fit_pcas, static_argnums=0, out_shardings=per_run)
   init = jax.jit(train.init_state, static_argnums=0, out_shardings=per_run)
-  host = {'loss': np.zeros((hp_x.runs, hp.epochs), np.float32),
-          'ranks': np.zeros((hp_x.runs, hp.epochs, test_idx.shape[1]), np.int32)}
+  host = {'loss': np.zeros(shape(sp.test)[:3], np.float32), 'ranks': np.zeros(shape(sp.test), np.int32)}
+  if sp.val is not None:
+    host['val_ranks'] = np.zeros(shape(sp.val), np.int32)
   tree, start = None, 0
   if run is not None and run.ckpt_dir:
-    shapes = {'state': jax.eval_shape(init, hp_x), 'pca': dict(jax.eval_shape(fit, hp_x, feats_j, train_idx)._asdict())}
+    shapes = {'state': jax.eval_shape(init, hp_x), 'pca': dict(jax.eval_shape(fit, hp_x, feats_j, sp.train)._asdict())}
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=per_run), shapes)
     tree, start = run.restore({**abstract, **host})
-    tree = {**tree, 'loss': np.array(tree['loss']), 'ranks': np.array(tree['ranks'])} if start else None
+    tree = {**tree, **{k: np.array(tree[k]) for k in host}} if start else None
   if tree is None:
-    tree = {'state': init(hp_x), 'pca': dict(fit(hp_x, feats_j, train_idx)._asdict()), **host}
+    tree = {'state': init(hp_x), 'pca': dict(fit(hp_x, feats_j, sp.train)._asdict()), **host}
   pcas = train.pca_lib.PCA(**tree['pca'])
-  data = jax.jit(train.project, out_shardings=per_run)(feats_j, pcas, train_idx, test_idx)
-  base = jax.jit(train.baselines, out_shardings=per_run)(feats_j, data, test_idx)
-  evr = jax.jit(train.explained_variance, out_shardings=per_run)(feats_j, pcas, train_idx)
+  data = jax.jit(train.project, out_shardings=per_run)(feats_j, pcas, sp)
+  base = jax.jit(train.baselines, out_shardings=per_run)(feats_j, data, sp.test)
+  evr = jax.jit(train.explained_variance, static_argnums=0, out_shardings=per_run)(hp_x, feats_j, pcas, sp.train)
   chunk = jax.jit(train.train_chunk, static_argnums=(0, 3), out_shardings=per_run)
 
   def chunk_fn(tree, e0, n):
-    state, l, r = chunk(hp_x, tree['state'], data, n)
-    l, r = sharding.to_host(l), sharding.to_host(r)
-    tree['loss'][:, e0:e0 + n], tree['ranks'][:, e0:e0 + n] = l, r
-    aR = train.recall_from_ranks(r[:runs], ks).mean(0)             # (n, K)
-    return {**tree, 'state': state}, {'train/loss_mean': l[:runs].mean(0),
-                                      **{f'test/aR_at_{k}_mean': aR[:, j] for j, k in enumerate(ks)}}
+    state, o = chunk(hp_x, tree['state'], data, n)
+    l, r = sharding.to_host(o.loss), sharding.to_host(o.test_ranks)
+    tree['loss'][:, :, e0:e0 + n], tree['ranks'][:, :, e0:e0 + n] = l, r
+    if o.val_ranks is not None:
+      tree['val_ranks'][:, :, e0:e0 + n] = sharding.to_host(o.val_ranks)
+    aR = train.recall_from_ranks(r[:runs], ks).mean(0)             # (S, n, K)
+    scalars = {}
+    for s, sigma in enumerate(hp.sigmas):
+      tag = '' if len(hp.sigmas) == 1 else f'/{train.sigma_key(sigma)}'
+      scalars[f'train/loss_mean{tag}'] = l[:runs, s].mean(0)
+      scalars.update({f'test/aR_at_{k}_mean{tag}': aR[s, :, j] for j, k in enumerate(ks)})
+    return {**tree, 'state': state}, scalars
 
   tree = runtime.loop(tree, chunk_fn, start, hp.epochs, checkpoint_every, run=run, progress=progress,
                       desc=f'train {runs} runs (epochs)')
   to_host = lambda x: jax.tree.map(lambda a: sharding.to_host(a)[:runs], x)
-  return {'loss': tree['loss'][:runs], 'ranks': tree['ranks'][:runs], 'raw': to_host(base['raw']),
+  return {'loss': tree['loss'][:runs], 'ranks': tree['ranks'][:runs],
+          'val_ranks': tree['val_ranks'][:runs] if sp.val is not None else None, 'raw': to_host(base['raw']),
           'pca': to_host(base['pca']), 'explained_variance': to_host(evr), 'params': to_host(tree['state'].params),
-          'pcas': to_host(pcas), 'test_idx': to_host(test_idx)}
-
-
-def _stats(values: np.ndarray) -> dict:
-  values = np.asarray(values, np.float64)
-  std = float(values.std(ddof=0))
-  return {'mean': float(values.mean()), 'std': std, 'two_std': 2 * std, 'runs': values.tolist()}
-
-
-def summarise(out: dict, ks) -> dict:
-  ks = [int(k) for k in ks]
-  curve = train.recall_from_ranks(out['ranks'], ks)     # (R, E, K)
-  mean_curve = curve.mean(axis=0)                         # (E, K)
-  chosen = int(np.argmax(mean_curve[:, 0]))               # first max of the mean test aR@k[0]
-  results = {}
-  for j, k in enumerate(ks):
-    results[f'aR@{k}'] = {
-        'raw': _stats(train.recall_from_ranks(out['raw'], [k])[:, 0]),
-        'pca': _stats(train.recall_from_ranks(out['pca'], [k])[:, 0]),
-        'adapted_chosen_epoch': _stats(curve[:, chosen, j]),
-        'adapted_last_epoch': _stats(curve[:, -1, j]),
-    }
-  return {'results': results, 'chosen_epoch': chosen + 1, 'curve_mean': mean_curve, 'curve': curve}
+          'pcas': to_host(pcas), 'test_idx': to_host(sp.test), 'val_idx': None if sp.val is None else to_host(sp.val)}
 
 
 def run(config, workdir: str, progress: bool = True) -> dict:
@@ -191,60 +188,85 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                 f'({feats.left.shape[1]}-d features{", + flip view" if feats.left_flip is not None else ""})')
     out = train_all(hp, feats, rt, config.checkpoint_every, progress, ks=ks)
     t2 = time.time()
-    summary = summarise(out, ks)
-    n_train = hp.n_train(len(names))
+    summary = train.summarise(hp, out, ks)
+    n = len(names)
     metrics = rt.write_metrics({
         'experiment': 'adapt', 'dataset': config.dataset, **desc,
-        'n_pairs': len(names), 'n_train': n_train, 'n_test': len(names) - n_train,
-        'feature_dim': int(feats.left.shape[1]), 'runs': hp.runs, 'epochs': hp.epochs, 'ks': ks,
-        'sigma': hp.sigma, 'flip_augmentation': feats.left_flip is not None,
+        'n_pairs': n, 'n_train': hp.n_train(n), 'n_fit': hp.n_fit(n), 'n_val': hp.n_val(n),
+        'n_test': n - hp.n_train(n), 'feature_dim': int(feats.left.shape[1]), 'runs': hp.runs,
+        'epochs': hp.epochs, 'ks': ks, 'sigmas': list(hp.sigmas), 'flip_augmentation': feats.left_flip is not None,
         'pca': {'dim': hp.pca_dim, 'fit': hp.pca_fit, 'whiten': hp.pca_whiten,
-                'fit_description': ('each run fit on its own training split (left + right)' if hp.pca_fit == 'train'
-                                    else 'fit on all vectors, test included (the reference code\'s choice)'),
-                'explained_variance': _stats(out['explained_variance'])},
-        'chosen_epoch': {'epoch': summary['chosen_epoch'],
-                         'rule': f'argmax over epochs of the mean test aR@{ks[0]} across runs: selected on the test '
-                                 'split, as the reference code does (optimistic); adapted_last_epoch is the honest '
-                                 'fixed-budget number'},
-        'results': summary['results'],
+                'fit_description': ('each run fit on the left + right vectors of the pairs it trains on'
+                                    if hp.pca_fit == 'train' else 'one fit on every vector the reference fits on: '
+                                    'left, right and mirrored views of all pairs, test included'),
+                'explained_variance': train.stats(out['explained_variance'])},
+        'epoch_rule': epoch_rule(hp, n, ks[0]),
+        'epochs_selected': summary['epochs'],
+        'results': {f'aR@{k}': {**summary['baselines'][f'aR@{k}'],
+                                **{key: v[f'aR@{k}'] for key, v in summary['adapted'].items()}} for k in ks},
+        'spread': 'std: one standard deviation over runs (ddof 0; Table 1\'s +-); two_std: Fig. 3\'s band',
         'ties': 'pessimistic: a candidate scoring equal to the partner ranks ahead of it',
         'timing_s': {'data_and_features': t1 - t0, 'training_and_eval': t2 - t1},
         'config': recorded,
     })
     write_outputs(config, rt, out, summary, feats, names, paths, desc, metrics)
-  print_table(hp, ks, metrics, summary, workdir)
+  print_table(hp, ks, metrics, workdir)
   return metrics
 
 
+def epoch_rule(hp: train.Hparams, n: int, k: int) -> dict:
+  rules = {'test': f'first argmax over epochs of the run-averaged test aR@{k}: optimistic (the test pairs pick '
+                   'their own epoch); how Table 1\'s numbers were picked (the authors\' calc_stds.py)',
+           'last': f'epoch {hp.epochs}: the fixed budget'}
+  if hp.n_val(n):
+    rules['val'] = (f'first argmax over epochs of the run-averaged aR@{k} of each run\'s {hp.n_val(n)} held-out '
+                    f'validation pairs (val_fraction {hp.val_fraction} of its training split; trained on the other '
+                    f'{hp.n_fit(n)})')
+  return {'primary': hp.select_epoch, **rules}
+
+
 def write_outputs(config, rt, out, summary, feats, names, paths, desc, metrics) -> None:
-  """adapter.npz, curves.npz and the figures (process 0)."""
+  """adapter.npz (the last sigma), curves.npz and the figures (per sigma; process 0)."""
   from visim_jax import export, report
   if not report.is_writer():
     return
+  sigmas, rule = metrics['sigmas'], metrics['epoch_rule']['primary']
+  last = train.select_sigma(out, len(sigmas) - 1)
   meta = {k: desc.get(k) for k in export.META_KEYS}
-  meta['source'] = {'workdir': rt.workdir, 'dataset': config.dataset, 'run': 0, 'epoch': metrics['epochs']}
-  export.save_adapter(rt.path('adapter.npz'), **export.run_arrays(out, 0), meta=meta)
-  runtime.write_npz(rt.path('curves.npz'), loss=out['loss'], aR=summary['curve'], ks=np.asarray(metrics['ks']))
+  meta['source'] = {'workdir': rt.workdir, 'dataset': config.dataset, 'run': 0, 'epoch': metrics['epochs'],
+                    'sigma': sigmas[-1]}
+  export.save_adapter(rt.path('adapter.npz'), **export.run_arrays(last, 0), meta=meta)
+  val = {} if summary['val_curves'] is None else {'val_aR': summary['val_curves']}
+  runtime.write_npz(rt.path('curves.npz'), loss=out['loss'], aR=summary['curves'], **val, sigmas=np.asarray(sigmas),
+                    ks=np.asarray(metrics['ks']))
   if config.plots:
     from visim_jax.plots import adapt as plots
-    plots.recall_at_k(out, rt.path('plots', 'recall_at_k.png'), summary['chosen_epoch'] - 1,
-                      max_k=min(50, metrics['n_test']))
-    plots.training_curves(out['loss'], summary['curve'], metrics['ks'], summary['chosen_epoch'],
-                          rt.path('plots', 'training_curves.png'))
+    for s, sigma in enumerate(sigmas):
+      one, key = train.select_sigma(out, s), train.sigma_key(sigma)
+      tag = '' if len(sigmas) == 1 else f'_{key}'
+      chosen = summary['epochs'][key][rule]
+      plots.recall_at_k(one, rt.path('plots', f'recall_at_k{tag}.png'), chosen - 1, max_k=min(50, metrics['n_test']),
+                        rule=rule)
+      plots.training_curves(one['loss'], summary['curves'][:, s], metrics['ks'], chosen,
+                            rt.path('plots', f'training_curves{tag}.png'), rule=rule)
     if paths is not None:
-      plots.retrieval_sheet(feats, out, names, paths, rt.path('plots', 'retrieval_sheet.png'),
+      plots.retrieval_sheet(feats, last, names, paths, rt.path('plots', 'retrieval_sheet.png'),
                             n_queries=config.sheet_queries)
 
 
-def print_table(hp, ks, metrics, summary, workdir) -> None:
+def print_table(hp, ks, metrics, workdir) -> None:
   from visim_jax import report
-  rows = []
-  for k in ks:
-    r = summary['results'][f'aR@{k}']
-    rows.append([f'aR@{k}'] + [f"{r[c]['mean']:.4f} ± {r[c]['two_std']:.4f}"
-                               for c in ('raw', 'pca', 'adapted_chosen_epoch', 'adapted_last_epoch')])
-  runtime.say(f'\n{hp.runs} runs, {metrics["n_train"]}/{metrics["n_test"]} train/test pairs, sigma={hp.sigma}, '
-              f'PCA fit on {hp.pca_fit}, chosen epoch {summary["chosen_epoch"]} (on test), workdir {workdir}')
-  runtime.say(report.table(rows, ['metric', 'raw', 'pca', f'adapted@{summary["chosen_epoch"]}',
-                                  f'adapted@{hp.epochs}']))
-  runtime.say('(mean ± 2 std over runs)')
+  rule = metrics['epoch_rule']['primary']
+  runtime.say(f'\n{hp.runs} runs, {metrics["n_fit"]}/{metrics["n_val"]}/{metrics["n_test"]} train/val/test pairs, '
+              f'PCA fit on {hp.pca_fit} (variance kept {metrics["pca"]["explained_variance"]["mean"]:.4f}), '
+              f'epoch rule {rule}, workdir {workdir}')
+  for key, eps in metrics['epochs_selected'].items():
+    rules = list(dict.fromkeys(r for r in (rule, 'last', 'test') if r in eps))
+    head = ['metric', 'raw', 'pca'] + [f'{key} {r}@{eps[r]}' + (' (optimistic)' if r == 'test' else '')
+                                       for r in rules]
+    rows = [[f'aR@{k}'] + [f"{metrics['results'][f'aR@{k}'][c]['mean']:.4f} ± "
+                           f"{metrics['results'][f'aR@{k}'][c]['std']:.4f}" for c in ('raw', 'pca')] +
+            [f"{metrics['results'][f'aR@{k}'][key][r]['mean']:.4f} ± {metrics['results'][f'aR@{k}'][key][r]['std']:.4f}"
+             for r in rules] for k in ks]
+    runtime.say(report.table(rows, head))
+  runtime.say('(mean ± 1 std over runs, as Table 1; Fig. 3 draws ± 2 std: two_std in metrics.json)')

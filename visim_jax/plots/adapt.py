@@ -19,13 +19,13 @@ def _band(ax, x, runs, label, style='-', color=None):
   ax.fill_between(x, m - 2 * s, m + 2 * s, alpha=0.15, color=line.get_color())
 
 
-def recall_at_k(out: dict, path: str, chosen: int, max_k: int = 50) -> None:
+def recall_at_k(out: dict, path: str, chosen: int, max_k: int = 50, rule: str = 'test') -> None:
   """aR@k for k = 1..max_k: raw and PCA (dashed, before) vs adapted at the chosen epoch; mean +- 2 std."""
   ks = np.arange(1, max_k + 1)
   fig, ax = plt.subplots(figsize=(6, 4))
   _band(ax, ks, train.recall_from_ranks(out['raw'], ks), 'raw features (before)', '--')
   _band(ax, ks, train.recall_from_ranks(out['pca'], ks), 'PCA features (before)', '--')
-  _band(ax, ks, train.recall_from_ranks(out['ranks'][:, chosen], ks), f'adapted, epoch {chosen + 1}')
+  _band(ax, ks, train.recall_from_ranks(out['ranks'][:, chosen], ks), f'adapted, epoch {chosen + 1} ({rule}-selected)')
   _band(ax, ks, train.recall_from_ranks(out['ranks'][:, -1], ks), 'adapted, last epoch', ':')
   ax.set_xlabel('k')
   ax.set_ylabel('Asymmetric Recall aR@k')
@@ -36,7 +36,7 @@ def recall_at_k(out: dict, path: str, chosen: int, max_k: int = 50) -> None:
   report.save_figure(fig, path)
 
 
-def training_curves(loss: np.ndarray, curve: np.ndarray, ks, chosen_epoch: int, path: str) -> None:
+def training_curves(loss: np.ndarray, curve: np.ndarray, ks, chosen_epoch: int, path: str, rule: str = 'test') -> None:
   """Training loss and test aR@k per epoch (mean ± 2 std over runs); the chosen epoch marked."""
   epochs = np.arange(1, loss.shape[1] + 1)
   fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -46,7 +46,7 @@ def training_curves(loss: np.ndarray, curve: np.ndarray, ks, chosen_epoch: int, 
   a1.grid(alpha=0.3)
   for j, k in enumerate(ks):
     _band(a2, epochs, curve[:, :, j], f'test aR@{k}')
-  a2.axvline(chosen_epoch, color='k', lw=0.8, ls='--', label=f'chosen on test: {chosen_epoch}')
+  a2.axvline(chosen_epoch, color='k', lw=0.8, ls='--', label=f'chosen on {rule}: {chosen_epoch}')
   a2.set_xlabel('epoch')
   a2.set_ylabel('aR@k')
   a2.set_ylim(0, 1)
