@@ -187,6 +187,11 @@ def test_pooling_rmac_through_the_features_glue(tmp_path):
                                                      features.file_list_hash, progress=False), rtol=1e-5)
   q = features.rmac_features(c, b, paths[:1], bboxes=[(0, 0, 32, 32)], tag='queries', progress=False)
   assert q.shape == (1, 16) and not np.allclose(q, x[:1])
+  xf = features.features_of(c, b, layers, paths, flip=True, progress=False)     # the mirrored view
+  mirrored = str(tmp_path / 'mirror.png')
+  Image.fromarray(np.asarray(Image.open(paths[0]))[:, ::-1]).save(mirrored)
+  np.testing.assert_allclose(xf[0], features.features_of(c, b, layers, [mirrored], progress=False)[0], rtol=1e-4,
+                             atol=1e-6)
   c.rmac.levels = 0
   with pytest.raises(UserError, match='config.rmac.levels'):
     features.build(c)

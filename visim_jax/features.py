@@ -333,21 +333,21 @@ def features_of(config, backbone: Backbone, layers: Sequence[str], paths: Sequen
                 progress: bool = True, loader=None, source_id: dict | None = None) -> np.ndarray:
   """Pooled features of `paths` through the feature cache, with the config's batch size, dtype and cache."""
   if config.get('pooling', 'mean') == 'rmac':
-    if loader is not None or flip:
-      raise UserError('config.pooling: rmac reads image files only (no flipped view, no TFDS loader)')
-    return rmac_features(config, backbone, paths, tag=tag, progress=progress)
+    if loader is not None:
+      raise UserError('config.pooling: rmac reads image files only (not a TFDS loader)')
+    return rmac_features(config, backbone, paths, tag=tag, progress=progress, flip=flip)
   return cached_features(backbone, paths, cache_dir(config), layers=layers, names=names, tag=tag,
                          batch_size=config.image_batch_size, dtype=config.dtype, progress=progress, flip=flip,
                          loader=loader, source_id=source_id)
 
 
 def rmac_features(config, backbone: Backbone, paths: Sequence[str], bboxes=None, tag: str = 'images',
-                  progress: bool = True) -> np.ndarray:
+                  progress: bool = True, flip: bool = False) -> np.ndarray:
   """R-MAC descriptors of image files (cropped to `bboxes`: x1, y1, x2, y2 per image, if given) through the
   region-vector cache, whitened on config.rmac.whiten_on."""
   from visim_jax import rmac  # pylint: disable=g-import-not-at-top
   return rmac.describe_images(backbone, paths, rmac_options(config), cache_dir(config), file_list_hash, bboxes,
-                              tag, config.image_batch_size, config.dtype, progress)
+                              tag, config.image_batch_size, config.dtype, progress, flip)
 
 
 def select_source(config):

@@ -189,7 +189,7 @@ def make_regions_fn(backbone, layer: str = 'conv5_3', levels: int = 3, include_g
 def extract_regions(backbone, paths: Sequence[str], bboxes: Sequence | None = None, layer: str = 'conv5_3',
                     levels: int = 3, max_side: int = 1024, batch_size: int = 8, include_global: bool = False,
                     dtype: str = 'float32', upscale: bool = False, progress: bool = True,
-                    desc: str = 'R-MAC') -> tuple[np.ndarray, np.ndarray]:
+                    desc: str = 'R-MAC', flip: bool = False) -> tuple[np.ndarray, np.ndarray]:
   """Region vectors of every image: (regions (M, C) float32, offsets (N + 1,) int64; image i owns rows
   offsets[i]:offsets[i+1]). Images are grouped by their scaled shape; each group runs in batches of one shape."""
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
@@ -198,6 +198,8 @@ def extract_regions(backbone, paths: Sequence[str], bboxes: Sequence | None = No
   fn = make_regions_fn(backbone, layer, levels, include_global, dtype)
   images = [load_image(p, max_side, None if bboxes is None else bboxes[i], upscale) for i, p in
             enumerate(tqdm(paths, desc=f'{desc} (decode)', unit='img', disable=not progress))]
+  if flip:   # the mirrored view (the adaptation experiment's augmentation)
+    images = [np.ascontiguousarray(im[:, ::-1]) for im in images]
   buckets = collections.defaultdict(list)
   for i, im in enumerate(images):
     buckets[im.shape].append(i)
@@ -266,23 +268,24 @@ class Options:
     return dataclasses.asdict(self)
 
 
-def regions_manifest(backbone, opts: Options, dtype: str, file_key: str, bboxes=None) -> dict:
+def regions_manifest(backbone, opts: Options, dtype: str, file_key: str, bboxes=None, flip: bool = False) -> dict:
   """What cached region vectors depend on (JSON-normalised)."""
   return json.loads(json.dumps({
       'version': 1, 'kind': 'rmac_regions', 'backbone': backbone.name, 'weights_sha256': backbone.weights_id,
       'layer': opts.layer, 'levels': opts.levels, 'max_side': opts.max_side, 'upscale': opts.upscale,
       'include_global': opts.include_global, 'mean': list(backbone.preprocess.mean),
-      'std': list(backbone.preprocess.std), 'dtype': str(dtype), 'file_list_sha256': file_key,
+      'std': list(backbone.preprocess.std), 'dtype': str(dtype), 'file_list_sha256': file_key, 'flip': bool(flip),
       'bboxes_sha256': None if bboxes is None else
       hashlib.sha256(np.ascontiguousarray(np.asarray(bboxes, np.float64)).tobytes()).hexdigest()}))
 
 
 def cached_regions(backbone, paths: Sequence[str], opts: Options, cache_dir: str | None, file_key: str,
                    bboxes=None, tag: str = 'images', batch_size: int = 8, dtype: str = 'float32',
-                   progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                   progress: bool = True, flip: bool = False) -> tuple[np.ndarray, np.ndarray]:
   """`extract_regions` behind a cache file `<cache_dir>/rmac-<tag>-<backbone>-<key>.npz` (regions, offsets,
   manifest); reused when the manifest matches, rebuilt when it differs or the file is unreadable."""
-  manifest = regions_manifest(backbone, opts, dtype, file_key, bboxes)
+  manifest = regions_manifest(backbone, opts, dtype, file_key, bboxes, flip)
+  tag += '-flip' if flip else ''
   path = None
   if cache_dir:
     key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
@@ -294,7 +297,8 @@ def cached_regions(backbone, paths: Sequence[str], opts: Options, cache_dir: str
     except Exception:  # absent, truncated, stale: rebuild  # pylint: disable=broad-except
       pass
   regions, offsets = extract_regions(backbone, paths, bboxes, opts.layer, opts.levels, opts.max_side, batch_size,
-                                     opts.include_global, dtype, opts.upscale, progress, desc=f'R-MAC {tag}')
+                                     opts.include_global, dtype, opts.upscale, progress, desc=f'R-MAC {tag}',
+                                     flip=flip)
   if path is not None and jax.process_index() == 0:
     ops.save_npz_atomic(path, regions=regions, offsets=offsets, manifest=np.asarray(json.dumps(manifest)))
   return regions, offsets
@@ -348,11 +352,11 @@ def save_whitening(path: str, white: pca.PCA) -> None:
 
 def describe_images(backbone, paths: Sequence[str], opts: Options, cache_dir: str | None, file_key_fn,
                     bboxes=None, tag: str = 'images', batch_size: int = 8, dtype: str = 'float32',
-                    progress: bool = True) -> np.ndarray:
+                    progress: bool = True, flip: bool = False) -> np.ndarray:
   """R-MAC descriptors (N, C or whiten_dim) of image files (cropped to `bboxes` if given), whitened as
   opts.whiten_on says; region vectors come from / go to the cache. file_key_fn(paths) -> a hash of the file list
   (visim_jax.features.file_list_hash)."""
   white = load_whitening(backbone, opts, cache_dir, file_key_fn, batch_size, dtype, progress)
   regions, offsets = cached_regions(backbone, paths, opts, cache_dir, file_key_fn(paths), bboxes, tag, batch_size,
-                                    dtype, progress)
+                                    dtype, progress, flip)
   return descriptors(regions, offsets, white)
