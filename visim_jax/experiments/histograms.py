@@ -191,6 +191,9 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   n_kept = int((kept_labels >= 0).sum())
   extra = sum(int((cl >= 0).sum()) ** 2 // 2 for *_, cl in nodes)  # the tree's pairs: one estimator for all
   estimator = H.choose_estimator(n_kept, feats.shape[1], num_classes, opts, extra_pairs=extra)
+  runtime.say(f'{n_kept} samples of {int((np.bincount(kept_labels[kept_labels >= 0]) > 0).sum())} classes, '
+              f'{len(nodes)} tree nodes: estimator {estimator} (' + ('every pair)' if estimator == 'exhaustive' else
+              f'{opts.n_intra} intra + {opts.n_inter} inter random pairs per class)'))
   try:
     m = H.evaluate(x, labels, num_classes, opts, estimator=estimator)
   except H.TooFewClasses as e:
