@@ -6,6 +6,7 @@ exact GELU, final LN, CLS token), with LayerNorm eps 1e-6 and qkv bias as timm's
 follow their state dicts (`blocks.0.attn.qkv.weight`, `patch_embed.proj.weight`, `head.weight`, ...).
 """
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -109,12 +110,16 @@ def _parity(name, tmp_path, prefix=''):
   for k, v in want.items():
     np.testing.assert_allclose(np.asarray(stages[k]), v.numpy(), atol=1e-4, rtol=1e-4, err_msg=k)
   np.testing.assert_allclose(np.asarray(final), want['pooled'].numpy(), atol=1e-4, rtol=1e-4)
+  return backbone, images, np.asarray(final)
 
 
 def test_parity_with_pytorch_reference_through_the_converter(tmp_path):
   """timm layout (with its ImageNet head, dropped by the converter) and a DINO training-style 'backbone.' save."""
   _parity('vit', tmp_path)
-  _parity('dino_vitb8', tmp_path, prefix='backbone.')
+  backbone, images, f32 = _parity('dino_vitb8', tmp_path, prefix='backbone.')
+  bf16, _ = jax.jit(lambda x: backbone(x, jnp.bfloat16))(images)  # bf16 weights and activations, f32 softmax
+  assert bf16.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(bf16, np.float32), f32, atol=0.1, rtol=0.05)
 
 
 def test_converter_keys_and_refusals(tmp_path, monkeypatch):
