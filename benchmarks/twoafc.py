@@ -1,7 +1,7 @@
 r"""2AFC evaluation throughput (triplets/s): our jitted path vs the NumPy code a user would otherwise write.
 
   python benchmarks/twoafc.py                 # GPU sizes: 100k images x 2048-D, 10M triplets
-  python benchmarks/twoafc.py --small         # CPU sizes (< 2 min): 20k images x 512-D, 200k triplets
+  python benchmarks/twoafc.py --small         # CPU sizes (< 2 min): 20k images x 512-D, 200k triplets, sweep 10k
 
 Paths timed in the same run, on the same random feature table and triples:
   jax_cosine      visim_jax.metrics.twoafc.cosine_scores: normalise the table once, gather, per-triple score
@@ -9,6 +9,8 @@ Paths timed in the same run, on the same random feature table and triples:
                   the antisymmetric ranking block)
   numpy_vector    the same cosine 2AFC in vectorised NumPy
   python_loop     a per-triple Python loop with np.dot (run on --loop_triplets triples, rate extrapolated)
+  jax_subset_sweep visim_jax.ensembles.subset_sweep: majority / PCA / MLP ensembles of all 2^K - 1 subsets of K
+                  models in one program, vs a NumPy loop over the subsets (same accuracies checked)
 Compile time is reported apart (first call minus a steady call). Prints one JSON object.
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from visim_jax import triplets as cs
+from visim_jax import ensembles, triplets as cs
 from visim_jax.metrics import twoafc
 
 
@@ -48,12 +50,13 @@ def main():
   p.add_argument('--loop_triplets', type=int, default=50_000)
   p.add_argument('--models', type=int, default=8, help='context models for jax_cs_models (0: skip)')
   p.add_argument('--embed_dim', type=int, default=256)
+  p.add_argument('--sweep_triplets', type=int, default=100_000, help='triplets of the subset sweep (0: skip)')
   p.add_argument('--repeats', type=int, default=3)
   p.add_argument('--small', action='store_true', help='CPU sizes: 20k x 512-D, 200k triplets, 20k loop')
   p.add_argument('--seed', type=int, default=0)
   a = p.parse_args()
   if a.small:
-    a.n_images, a.dim, a.n_triplets, a.loop_triplets = 20_000, 512, 200_000, 20_000
+    a.n_images, a.dim, a.n_triplets, a.loop_triplets, a.sweep_triplets = 20_000, 512, 200_000, 20_000, 10_000
 
   rng = np.random.default_rng(a.seed)
   feats = rng.standard_normal((a.n_images, a.dim), dtype=np.float32)
@@ -103,6 +106,39 @@ def main():
     res['paths']['jax_cs_models'] = {'seconds': steady, 'compile_s': max(first - steady, 0.0),
                                      'model_triplets_per_s': a.models * a.n_triplets / steady,
                                      'triplets_per_s_all_models': a.n_triplets / steady}
+
+  if a.sweep_triplets > 0:   # Fig. 8: every subset of K models, majority / PCA weights / MLP weights
+    k, t, r = a.models or 8, a.sweep_triplets, max(1, a.sweep_triplets // 10)
+    d_a, d_b = rng.random((k, t), dtype=np.float32), rng.random((k, t), dtype=np.float32)
+    truth, groups = rng.random(t) < 0.5, np.sort(rng.integers(0, r, t)).astype(np.int32)
+    cred, count = rng.random((k, r), dtype=np.float32), np.full(r, 3.0, np.float32)
+    mlp_pred = rng.random((3, k, r), dtype=np.float32)
+    masks = ensembles.subset_masks(k)
+    args = [jnp.asarray(x) for x in (masks, d_a, d_b, truth, groups, cred, count, mlp_pred)]
+    sweep = lambda: jax.block_until_ready(ensembles.subset_sweep(*args, 0.75))
+    out, first, steady = _timeit(sweep, a.repeats)
+
+    def numpy_sweep():   # the loop over subsets a user would write, vectorised over triples
+      res_np = {'majority': [], 'pca': [], 'mlp': []}
+      sgn = np.where(truth, 1.0, -1.0)
+      acc = lambda dec: float(np.mean(0.5 * (1 + dec * sgn)))
+      for m in masks:
+        idx = np.flatnonzero(m)
+        res_np['majority'].append(acc(np.sign(np.sign(d_b[idx] - d_a[idx]).sum(0))))
+        c = cred[idx]
+        w = np.where(c > 0.75, c, 0.0)
+        w = np.where(w.sum(0) == 0, np.eye(len(idx))[:, np.argmax(c, 0)], w)
+        w = (w / w.sum(0))[:, groups]
+        res_np['pca'].append(acc(np.sign((w * (d_b[idx] - d_a[idx])).sum(0))))
+        res_np['mlp'].append([acc(np.sign(((p[idx] / p[idx].sum(0))[:, groups] * (d_b[idx] - d_a[idx])).sum(0)))
+                              for p in mlp_pred])
+      return res_np
+    ref, _, np_steady = _timeit(numpy_sweep, 1)
+    res['paths']['jax_subset_sweep'] = {'seconds': steady, 'compile_s': max(first - steady, 0.0),
+                                        'subsets': int(len(masks)), 'triplets': t, 'numpy_loop_seconds': np_steady,
+                                        'speedup_vs_numpy_loop': np_steady / steady,
+                                        'same_accuracies': bool(all(np.allclose(np.asarray(out[x]), ref[x], atol=1e-6)
+                                                                    for x in ref))}
 
   base = res['paths']
   res['speedup_jax_vs_numpy_vector'] = base['numpy_vector']['seconds'] / base['jax_cosine']['seconds']

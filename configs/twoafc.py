@@ -8,8 +8,8 @@ r"""CoSIS 2AFC (paper 004: Liao & Chen, KDD 2024): context-sensitive models and 
 
 Offline default: the real CoSIS annotation files from ../shared/data/cosis (a synthetic CoSIS-format set when
 that folder is absent) with STAND-IN features (seeded random vectors keyed by image id). Those runs check the
-pipeline: on the real annotations their accuracies are chance by construction (metrics.json says so under
-`features`). Real numbers need config.image_dir (BG-20k: train/ and testval/) or config.features (.npz with
+pipeline: on the real annotations their out-of-sample accuracies are at chance (metrics.json says so under
+`features`; docs/twoafc.md says which numbers are not, and why). Real numbers need config.image_dir (BG-20k: train/ and testval/) or config.features (.npz with
 `features` (N, D) and `names`: ids such as `val/715` or BG-20k names). Docs: docs/twoafc.md.
 """
 import ml_collections

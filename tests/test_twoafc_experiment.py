@@ -49,7 +49,7 @@ def test_stand_in_features_on_real_annotations_are_chance_everywhere(tmp_path):
   # ~70 intervals: each at 1 - 0.05/70 (Bonferroni) so the family holds 0.5 with >= 95% probability
   wd = str(tmp_path / 'wd')
   m = main_lib.run(_config(ci_level=1 - 0.05 / 70, plots=True), wd)
-  assert m['features']['kind'] == 'stand_in' and 'chance by construction' in m['features']['note']
+  assert m['features']['kind'] == 'stand_in' and 'at chance' in m['features']['note']
   accs = list(_accuracies(m))
   out_of_sample = [(p, a) for p, a in accs if not a.get('in_sample')]
   for kind in ('embedding', 'ranking_block'):                     # each model, each answer, both sets

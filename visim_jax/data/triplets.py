@@ -287,6 +287,21 @@ def load_cosis_sets(folder: str) -> dict:
 
 
 
+def describe(t: Triplets) -> dict:
+  """{rows, triplets, header, references, split} of a CoSIS file's triplets (metrics.json)."""
+  cr = read_cosis_rows(t.source)
+  return {'rows': int(len(cr.rows)), 'triplets': len(t), 'header': cr.header, 'references': len(t.references()),
+          'split': split_of(t.source)}
+
+
+def authors_pca_refs(ref_val) -> list[str]:
+  """The authors' PCA fit set (dist_dataprep.split_refs + dist_reducedim.all_data_reduced_dim): the first 320
+  of the sorted unique mulref_val reference ids shuffled by np.random.seed(2); the 8 context references follow."""
+  ids = np.unique([int(x.split('/', 1)[1]) for x in ref_val]).astype(np.float64)
+  np.random.RandomState(2).shuffle(ids)
+  return [f'val/{int(i)}' for i in ids[:320]]
+
+
 # ------------------------------------------------------------------------- stand-in features, synthetic set
 
 SYNTHETIC_VERSION = 1

@@ -3,7 +3,7 @@
 Annotations (config.annotations): a CoSIS folder; '' = ../shared/data/cosis beside the checkout when present,
 else a small synthetic set in the CoSIS format (written into workdir/synthetic_cosis, labels from a hidden
 metric of the stand-in features); 'synthetic' forces it. Features, keyed by image id (`val/715`): stand-in
-(seeded random vectors: on the real annotations every accuracy is chance by construction, the run checks the
+(seeded random vectors: on the real annotations out-of-sample accuracies are at chance, the run checks the
 pipeline), config.features (.npz) or config.image_dir (BG-20k, through the backbone and its feature cache).
 
 Steps: cosine baseline; 8 CS models + the global model (union of the 8 training parts, Table 5), all trained
@@ -98,8 +98,8 @@ def load_features(config, sets, folder: str, synthetic: bool, progress: bool = T
       'kind': 'stand_in', 'dim': config.stand_in_dim, 'seed': config.seed,
       'note': ('STAND-IN FEATURES: seeded random vectors keyed by image id, not image features. '
                + ('On the synthetic annotations the labels follow a hidden metric of these vectors.' if synthetic
-                  else 'On the real CoSIS annotations they carry no information: every accuracy is chance '
-                       'by construction; this run checks the pipeline, not the method.'))}
+                  else 'On the real CoSIS annotations they say nothing about the images: out-of-sample accuracies '
+                       'are at chance (see docs/twoafc.md); this run checks the pipeline, not the method.'))}
 
 
 def model_hparams(config) -> cs.Hparams:
@@ -169,7 +169,7 @@ def evaluate(config, workdir, run_, folder, sets, feats, table, feat_desc, synth
   answers = {'embedding': (d_a, d_b), 'ranking_block': (np.asarray(jax.nn.sigmoid(-s)), np.asarray(jax.nn.sigmoid(s)))}
   scores = {kind: np.asarray(ensembles.decision_scores(jnp.sign(jnp.asarray(db - da)), jnp.asarray(a_closer)))
             for kind, (da, db) in answers.items()}
-  acc = Summaries(config)
+  acc = twoafc.Summaries(config.n_boot, config.ci_level, config.seed)
   per_context, cross = {}, {kind: np.zeros((len(models), len(names))) for kind in scores}
   for j, n in enumerate(names):
     for kind in scores:
@@ -201,11 +201,7 @@ def evaluate(config, workdir, run_, folder, sets, feats, table, feat_desc, synth
              {'description': 'PCA credibility maps', **e['pca_credibility']},
              {'description': f'MLP weights (first of {config.ensemble.mlp_seeds} seeds; mean ± std in ensembles)', **e['mlp']}]
   table6 = [{'description': r['description'], 'val': r['val'], 'test': r['test']} for r in table6]
-  files = {}
-  for t in all_triplets(sets):
-    cr = tdata.read_cosis_rows(t.source)
-    files[os.path.basename(t.source)] = {'rows': int(len(cr.rows)), 'triplets': len(t), 'header': cr.header,
-                                         'references': len(t.references()), 'split': tdata.split_of(t.source)}
+  files = {os.path.basename(t.source): tdata.describe(t) for t in all_triplets(sets)}
   metrics = {
       'experiment': 'twoafc', 'features': feat_desc, 'annotations': {'dir': folder, 'synthetic': synthetic, 'files': files},
       'tie_rule': 'a tie (equal distances, a zero fused difference or an even vote) scores 1/2',
@@ -222,7 +218,7 @@ def evaluate(config, workdir, run_, folder, sets, feats, table, feat_desc, synth
     from visim_jax.plots import twoafc as plots
     plots.write_all(workdir, metrics, extra['embedding'], feat_desc['kind'] == 'stand_in')
   tag = '' if feat_desc['kind'] != 'stand_in' else '  [STAND-IN FEATURES: ' + (
-      'synthetic annotations]' if synthetic else 'accuracies are chance by construction]')
+      'synthetic annotations]' if synthetic else 'accuracies are at chance]')
   print(f'\nCoSIS 2AFC: {len(val)} val / {len(test)} test triples, {len(models)} models, '
         f'features: {feat_desc["kind"]} (dim {feats.shape[1]}){tag}')
   print(report.table([[r['description'], r['val']['accuracy'], r['test']['accuracy']] for r in table6],
@@ -241,7 +237,7 @@ def run_ensembles(config, feats, table, val, test, dist_val, dist_test, names, a
   dv, dt = [jnp.asarray(x) for x in dist_val], [jnp.asarray(x) for x in dist_test]
   sc_val = ensembles.decision_scores(jnp.sign(dv[1] - dv[0]), jnp.asarray(val.a_closer))
   acc_val, _ = twoafc.per_group_mean(sc_val, jnp.asarray(g_val), len(ref_val))       # (K, R) correctness
-  fit_rows = list(ref_val) if e.pca_fit == 'val' else authors_pca_refs(ref_val) + [x for x in tdata.CONTEXT_KEYS if x in table]
+  fit_rows = list(ref_val) if e.pca_fit == 'val' else tdata.authors_pca_refs(ref_val) + [x for x in tdata.CONTEXT_KEYS if x in table]
   dim = min(max(2, e.mlp_dim), len(fit_rows), feats.shape[1])
   pca = pca_lib.fit(f(fit_rows), dim)
   xy = {'val': pca_lib.transform(pca, f(ref_val)), 'test': pca_lib.transform(pca, f(ref_test))}
@@ -270,37 +266,3 @@ def run_ensembles(config, feats, table, val, test, dist_val, dist_test, names, a
                            'subsets': [[names[i] for i in np.flatnonzero(mk)] for mk in masks],
                            **{x: np.asarray(v).tolist() for x, v in res.items()}}
   return out, {'credibility': cm, 'xy_val': np.asarray(xy['val'][:, :2]), 'acc_val': np.asarray(acc_val), 'names': names}
-
-
-class Summaries:
-  """acc(scores, triplets, unit, **extra) -> a dict filled by fill(): the accuracy and bootstrap interval of
-  every score vector, computed together per evaluation set (one compiled bootstrap per set)."""
-
-  def __init__(self, config):
-    self.config, self.items = config, []
-
-  def __call__(self, scores, t, unit: str = 'references', **extra) -> dict:
-    d = dict(extra)
-    self.items.append((d, np.asarray(scores, np.float32), t, unit))
-    return d
-
-  def fill(self) -> None:
-    groups = {}
-    for item in self.items:
-      groups.setdefault((id(item[2]), item[3]), []).append(item)
-    c = self.config
-    for (_, unit), items in groups.items():
-      t = items[0][2]
-      res = twoafc.summaries(np.stack([x[1] for x in items]), t.ref if unit == 'references' else t.line, c.n_boot,
-                             1 - c.ci_level, c.seed, unit)
-      for (d, *_), r in zip(items, res):
-        d.update(r)
-    self.items = []
-
-
-def authors_pca_refs(ref_val) -> list:
-  """The authors' PCA fit set (dist_dataprep.split_refs + dist_reducedim.all_data_reduced_dim): the first 320
-  of the sorted unique mulref_val reference ids shuffled by np.random.seed(2); the 8 context references follow."""
-  ids = np.unique([int(x.split('/', 1)[1]) for x in ref_val]).astype(np.float64)
-  np.random.RandomState(2).shuffle(ids)
-  return [f'val/{int(i)}' for i in ids[:320]]

@@ -176,3 +176,29 @@ def summary(scores, refs, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0
   rows of a context set (one reference; a row's three triples share their candidates), named by `unit`.
   """
   return summaries(np.asarray(scores, np.float32)[None], refs, n_boot, alpha, seed, unit)[0]
+
+
+class Summaries:
+  """acc = Summaries(...); acc(scores, triplets, unit, **extra) -> a dict that acc.fill() completes with the
+  summary() of the scores: every vector over the same triplets (a `Triplets`; unit 'references' resamples its
+  references, 'rows' its annotation rows) is bootstrapped together, one compiled program per evaluation set."""
+
+  def __init__(self, n_boot: int = 1000, level: float = 0.95, seed: int = 0):
+    self.n_boot, self.level, self.seed, self.items = n_boot, level, seed, []
+
+  def __call__(self, scores, t, unit: str = 'references', **extra) -> dict:
+    d = dict(extra)
+    self.items.append((d, np.asarray(scores, np.float32), t, unit))
+    return d
+
+  def fill(self) -> None:
+    groups = {}
+    for item in self.items:
+      groups.setdefault((id(item[2]), item[3]), []).append(item)
+    for (_, unit), items in groups.items():
+      t = items[0][2]
+      res = summaries(np.stack([x[1] for x in items]), t.ref if unit == 'references' else t.line, self.n_boot,
+                      1 - self.level, self.seed, unit)
+      for (d, *_), r in zip(items, res):
+        d.update(r)
+    self.items = []
