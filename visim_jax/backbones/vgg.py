@@ -140,6 +140,10 @@ def vgg16(weights: str | None = None, random_init: int | None = None, tiny: bool
     where = f'random weights, seed {seed}{", tiny widths" if tiny else ""}'
     if fallback:
       where += f': NO VGG16 WEIGHTS at {default}, a stand-in with the recipe\'s shape, not the paper\'s features'
+      from absl import logging  # pylint: disable=g-import-not-at-top
+      logging.warning('vgg16: no weights at %s: a tiny random VGG16 stands in (missing_weights=tiny_random); '
+                      'the descriptors are not the paper\'s. Convert them with %s', default,
+                      weights_lib.convert_command(name))
   else:
     variables, weights_id = load_variables(weights, blocks, name)
     where = weights_lib.converted_path(name, weights)
