@@ -163,6 +163,9 @@ def test_cache_and_whitening_sources(tmp_path, monkeypatch):
   with pytest.raises(AssertionError, match='recomputed'):
     rmac.describe_images(b, paths, rmac.Options(max_side=64, levels=2), cache, features.file_list_hash,
                          progress=False)
+  (tmp_path / 'ds').mkdir()
+  (tmp_path / 'ds' / 'jpg').symlink_to(white_dir)                     # a dataset root: its jpg/ folder
+  assert rmac.images_in(str(tmp_path / 'ds')) == [str(tmp_path / 'ds' / 'jpg' / f'im{i}.jpg') for i in range(3)]
   np.savez(tmp_path / 'few.npz', regions=np.ones((3, 16), np.float32))
   from visim_jax.errors import UserError
   with pytest.raises(UserError, match='config.rmac.whiten_on: .*at least as many vectors'):

@@ -305,8 +305,13 @@ def cached_regions(backbone, paths: Sequence[str], opts: Options, cache_dir: str
 
 
 def images_in(folder: str) -> list[str]:
-  """The image files of a folder (sorted), for whiten_on=<folder>."""
+  """The image files of a folder (sorted), for whiten_on=<folder>; a dataset root in the Oxford/Paris layout
+  (data/retrieval.py: jpg/, oxbuild_images/, ...) means its image folder."""
   from visim_jax.data import images as images_lib  # pylint: disable=g-import-not-at-top
+  from visim_jax.data import retrieval as retrieval_data  # pylint: disable=g-import-not-at-top
+  for sub in retrieval_data.IMAGE_DIRS:
+    if os.path.isdir(os.path.join(folder, sub)):
+      return images_lib.list_images(os.path.join(folder, sub))
   return images_lib.list_images(folder)
 
 
