@@ -172,8 +172,9 @@ def test_estimator_and_standard_errors_are_reported():
   assert ex['se_method'].startswith('bootstrap') and rnd['se_method'].startswith('independent')
   for m in (ex, rnd):
     assert set(m['se']) == set(H.SE_KEYS) and all(v is not None and 0 < v < 0.2 for v in m['se'].values())
-  for k in ('overlap', 'astd_inter', 'astd_intra'):  # random agrees with exact within a few standard errors
+  for k in ('overlap', 'astd_inter', 'astd_intra', 'max_overlap'):  # random agrees with exact within a few SEs
     assert abs(float(rnd[k]) - float(ex[k])) < 4 * rnd['se'][k] + 0.01, k
+  assert rnd['max_overlap_pair'] == ex['max_overlap_pair'] and rnd['pairwise_min_pairs'] > 1000
   assert H.evaluate(xp, lab, 4, H.Options(se_replicates=0))['se']['overlap'] is None
   flat = H.evaluate(xp, lab, 4, H.Options(pairwise_max_classes=3, se_replicates=2))  # no (C, C, B) counts
   assert np.isnan(flat['max_overlap']) and flat['se']['max_overlap'] is None and not flat['pairwise']
