@@ -150,3 +150,38 @@ def test_arrays_follow_the_same_rules():
   np.testing.assert_array_equal(np.asarray(images.from_array(rgb8)), rgb8)
   with pytest.raises(ValueError, match='image array'):
     images.from_array(np.zeros((4, 5, 2), np.uint8))
+
+
+def test_torch_bilinear_equals_torch_interpolate():
+  """The seed's transform: ToTensor then Resize([224, 224]) on the tensor = F.interpolate(bilinear,
+  align_corners=False), no antialiasing, no rounding; ours on the 0..255 scale."""
+  torch = pytest.importorskip('torch')
+  from visim_jax.preprocess import Preprocess
+  rng = np.random.RandomState(0)
+  for h, w, size in ((37, 53, 16), (10, 9, 24), (64, 64, 64)):  # shrink, enlarge, same size
+    arr = rng.randint(0, 256, (h, w, 3)).astype(np.uint8)
+    ours = images.resize(Image.fromarray(arr), Preprocess(size=size, interpolation='torch_bilinear'))
+    t = torch.from_numpy(arr).permute(2, 0, 1)[None].float() / 255
+    ref = torch.nn.functional.interpolate(t, size=(size, size), mode='bilinear', align_corners=False)
+    assert ours.dtype == np.float32 and ours.shape == (size, size, 3)
+    np.testing.assert_allclose(ours / 255, ref[0].permute(1, 2, 0).numpy(), atol=1e-5)
+  # shorter side + centre crop: the same taps as resizing the whole image, then cropping
+  arr = rng.randint(0, 256, (30, 41, 3)).astype(np.uint8)
+  crop = images.resize(Image.fromarray(arr), Preprocess(size=16, resize='shorter_crop', resize_to=20,
+                                                        interpolation='torch_bilinear'))
+  full = torch.nn.functional.interpolate(torch.from_numpy(arr).permute(2, 0, 1)[None].float(), size=(20, 27),
+                                         mode='bilinear', align_corners=False)[0].permute(1, 2, 0).numpy()
+  np.testing.assert_allclose(crop, full[2:18, 6:22], atol=1e-3)  # 27 = int(20 * 41 / 30); left round(11 / 2) = 6
+
+
+def test_shorter_side_geometry_is_torchvision():
+  """Resize(int): the longer side int(target * long / short); CenterCrop: offset round((n - size) / 2)."""
+  from visim_jax.preprocess import Preprocess
+  pre = Preprocess(size=8, resize='shorter_crop', resize_to=10)
+  assert images._geometry(30, 41, pre) == (10, 13, 1, 2)       # 13.67 -> 13; crop (2 / 2, 5 / 2 -> 2)
+  assert images._geometry(41, 30, pre) == (13, 10, 2, 1)
+  assert images._geometry(70, 30, pre) == (23, 10, 8, 1)       # 15 / 2 = 7.5 -> 8 (round half to even)
+  assert images._geometry(13, 99, Preprocess(size=8)) == (8, 8, 0, 0)
+  arr = np.arange(30 * 41 * 3, dtype=np.uint8).reshape(30, 41, 3)
+  want = np.asarray(Image.fromarray(arr).resize((13, 10), Image.Resampling.BILINEAR))[1:9, 2:10]
+  np.testing.assert_array_equal(images.resize(Image.fromarray(arr), pre), want)

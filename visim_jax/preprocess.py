@@ -20,7 +20,12 @@ class Preprocess:
 
   resize: 'squash' resizes the whole image to size x size (aspect ratio not kept);
           'shorter_crop' resizes the shorter side to `resize_to` (default `size`) and centre-crops size x size,
-          as CLIP and the torchvision ImageNet transforms do.
+          as CLIP and the torchvision ImageNet transforms do (torchvision's rounding: the longer side
+          int(resize_to * long / short), the crop offset round((n - size) / 2)).
+  interpolation: 'bilinear' / 'bicubic': PIL's (antialiased when shrinking) on uint8, rounded to uint8;
+          'torch_bilinear': torch's F.interpolate(bilinear, align_corners=False) on float values, no
+          antialiasing, no rounding (a float32 host array): what torchvision's Resize does to a ToTensor
+          image, the seed code of paper 001 (data/images.py).
   mean, std: per-channel, on the 0..255 scale: x_in = (x - mean) / std.
   """
   size: int = 224
@@ -37,8 +42,9 @@ class Preprocess:
       raise ValueError(f"preprocess.resize: expected 'squash' or 'shorter_crop', got {self.resize!r}")
     if self.resize_to is not None and self.resize_to < self.size:
       raise ValueError(f'preprocess.resize_to ({self.resize_to}) must be >= size ({self.size})')
-    if self.interpolation not in ('bilinear', 'bicubic'):
-      raise ValueError(f"preprocess.interpolation: 'bilinear' or 'bicubic', got {self.interpolation!r}")
+    if self.interpolation not in ('bilinear', 'bicubic', 'torch_bilinear'):
+      raise ValueError("preprocess.interpolation: 'bilinear', 'bicubic' or 'torch_bilinear', "
+                       f'got {self.interpolation!r}')
 
   def normalise(self, images: jax.Array, dtype=jnp.float32) -> jax.Array:
     """uint8 (or float 0..255) NHWC -> normalised float NHWC, on device."""

@@ -136,18 +136,42 @@ def open_rgb(path: str | os.PathLike, alpha: str = 'white', exif: str = 'all',
     raise ImageError(f'{path}: corrupt, truncated or unsupported image ({type(e).__name__}: {e})') from None
 
 
-def resize(im: Image.Image, pre: Preprocess) -> np.ndarray:
-  """PIL RGB image -> uint8 (size, size, 3) following `pre`."""
-  resample = _RESAMPLE[pre.interpolation]
+def _geometry(w: int, h: int, pre: Preprocess) -> tuple[int, int, int, int]:
+  """(resized width, height, crop left, top), torchvision's rules (Resize(int) truncates the longer side;
+  CenterCrop rounds the offset)."""
   if pre.resize == 'squash':
-    im = im.resize((pre.size, pre.size), resample)
+    return pre.size, pre.size, 0, 0
+  target = pre.resize_to or pre.size
+  if w <= h:
+    nw, nh = target, int(target * h / w)
   else:
-    target = pre.resize_to or pre.size
-    w, h = im.size
-    scale = target / min(w, h)
-    nw, nh = max(pre.size, round(w * scale)), max(pre.size, round(h * scale))
-    im = im.resize((nw, nh), resample)
-    left, top = (nw - pre.size) // 2, (nh - pre.size) // 2
+    nw, nh = int(target * w / h), target
+  nw, nh = max(nw, pre.size), max(nh, pre.size)
+  return nw, nh, int(round((nw - pre.size) / 2.0)), int(round((nh - pre.size) / 2.0))
+
+
+def _torch_bilinear_taps(n_in: int, n_out: int):
+  """(i0, i1, lambda) of torch's bilinear interpolation, align_corners=False, no antialiasing: output i reads
+  src = (i + 0.5) * n_in / n_out - 0.5 (clamped at 0) as (1 - lambda) x[i0] + lambda x[i1], i0 = floor(src)."""
+  src = np.maximum((np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5, 0.0)
+  i0 = np.minimum(src.astype(np.int64), n_in - 1)
+  i1 = np.minimum(i0 + 1, n_in - 1)
+  return i0, i1, (src - i0).astype(np.float32)
+
+
+def resize(im: Image.Image, pre: Preprocess) -> np.ndarray:
+  """PIL RGB image -> (size, size, 3) following `pre`: uint8, or float32 on the 0..255 scale for
+  interpolation='torch_bilinear'."""
+  w, h = im.size
+  nw, nh, left, top = _geometry(w, h, pre)
+  if pre.interpolation == 'torch_bilinear':  # the crop window only: the taps of the kept outputs
+    x = np.asarray(im, np.float32)
+    i0, i1, lam = (t[left:left + pre.size] for t in _torch_bilinear_taps(w, nw))
+    x = x[:, i0] * (1.0 - lam)[None, :, None] + x[:, i1] * lam[None, :, None]  # along the width, then
+    i0, i1, lam = (t[top:top + pre.size] for t in _torch_bilinear_taps(h, nh))
+    return x[i0] * (1.0 - lam)[:, None, None] + x[i1] * lam[:, None, None]   # along the height, as torch
+  im = im.resize((nw, nh), _RESAMPLE[pre.interpolation])
+  if (nw, nh) != (pre.size, pre.size):
     im = im.crop((left, top, left + pre.size, top + pre.size))
   return np.asarray(im, dtype=np.uint8)
 
@@ -157,7 +181,10 @@ def load_image(path: str | os.PathLike, pre: Preprocess) -> np.ndarray:
 
 
 def load_batch(paths: Sequence[str], pre: Preprocess) -> np.ndarray:
-  return np.stack([load_image(p, pre) for p in paths]) if paths else np.zeros((0, pre.size, pre.size, 3), np.uint8)
+  if not paths:
+    dtype = np.float32 if pre.interpolation == 'torch_bilinear' else np.uint8
+    return np.zeros((0, pre.size, pre.size, 3), dtype)
+  return np.stack([load_image(p, pre) for p in paths])
 
 
 def check_images(paths: Sequence[str], num_threads: int = 4) -> list[tuple[str, str]]:
