@@ -84,3 +84,8 @@ def test_oxford_local_end_to_end(tmp_path, monkeypatch):
     assert 0.0 <= r['toy'][name]['mAP'] <= 1.0
   with open(tmp_path / 'work' / 'metrics.json') as f:
     assert json.load(f)['retrieval_sets']['rtoy']['n_queries'] == 3
+  # load instead of train: steps=0 + init_from evaluates the trained network (SimNet* above) on the same sets
+  c2 = c.copy_and_resolve_references()
+  c2.steps, c2.refine_steps, c2.init_from = 0, 0, str(tmp_path / 'work' / 'checkpoints')
+  m2 = exp.run(c2, str(tmp_path / 'work2'), progress=False)
+  assert m2['retrieval_sets']['rtoy']['simnet'] == r['rtoy']['simnet_star']
