@@ -228,19 +228,24 @@ def subset_masks(k: int) -> np.ndarray:
 @functools.partial(jax.jit, static_argnames=('threshold', 'batch'))
 def subset_sweep(masks: jax.Array, d_a: jax.Array, d_b: jax.Array, a_closer: jax.Array, groups: jax.Array,
                  cred: jax.Array, count: jax.Array, mlp_pred: jax.Array, threshold: float = 0.75,
-                 batch: int = 16) -> dict:
+                 batch: int = 8) -> dict:
   """Accuracy of every subset ensemble in one vmapped program (Fig. 8).
 
   masks (S, K); d_a, d_b (K, T); a_closer (T,); groups (T,) the reference index of each triple; cred (K, R),
   count (R,): credibility at the R references; mlp_pred (N, K, R): N MLP repeats' predicted correctness.
-  Returns {'majority': (S,), 'pca': (S,), 'mlp': (S, N)} accuracies.
+  Returns {'majority': (S,), 'pca': (S,), 'mlp': (S, N)} accuracies. Fused decisions are computed as
+  sign(sum_k w_k (d_k(R, B) - d_k(R, A))) with per-triple weight rows gathered from (R, K) tables (row gathers
+  are ~4x faster on CPU than column gathers); `batch` subsets are evaluated at a time.
   """
+  diff = (d_b - d_a).T                                       # (T, K)
+  truth = jnp.where(a_closer, 1.0, -1.0)
+  acc = lambda fused: jnp.mean(0.5 * (1.0 + jnp.sign(fused) * truth))
+
   def one(m):
     mf = m.astype(jnp.float32)
-    acc = lambda dec: decision_scores(dec, a_closer).mean()
-    w_pca = threshold_weights(cred, count, threshold, m)[:, groups]
-    w_mlp = jax.vmap(lambda p: mlp_weights(p, mf)[:, groups])(mlp_pred)
-    return (acc(majority_decision(d_a, d_b, mf)), acc(fused_decision(d_a, d_b, w_pca)),
-            jax.vmap(lambda w: acc(fused_decision(d_a, d_b, w)))(w_mlp))
+    w_pca = threshold_weights(cred, count, threshold, m).T[groups]            # (T, K)
+    w_mlp = jax.vmap(lambda p: mlp_weights(p, mf).T[groups])(mlp_pred)        # (N, T, K)
+    return (acc(jnp.sign(diff) @ mf), acc(jnp.sum(w_pca * diff, 1)),
+            jax.vmap(lambda w: acc(jnp.sum(w * diff, 1)))(w_mlp))
   maj, pca, mlp = jax.lax.map(one, masks, batch_size=batch)
   return {'majority': maj, 'pca': pca, 'mlp': mlp}

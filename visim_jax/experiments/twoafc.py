@@ -85,10 +85,9 @@ def load_features(config, sets, folder: str, synthetic: bool, progress: bool = T
   if config.image_dir:
     names = tdata.read_filename_dict(os.path.join(folder, 'filename_dict.txt'))
     paths = tdata.resolve_images(all_triplets(sets), names, config.image_dir)  # every file checked first
-    from visim_jax import features as backbone_config
-    backbone, layers = backbone_config.build(config)
-    feats = backbone_config.features_of(config, backbone, layers, [paths[k] for k in keys], keys, 'cosis',
-                                        progress=progress)
+    from visim_jax import features
+    backbone, layers = features.build(config)
+    feats = features.features_of(config, backbone, layers, [paths[k] for k in keys], keys, 'cosis', progress=progress)
     return feats, {k: i for i, k in enumerate(keys)}, {
         'kind': 'images', 'image_dir': os.path.abspath(config.image_dir), 'backbone': backbone.name,
         'weights_sha256': backbone.weights_id, 'layers': list(layers), 'dim': int(feats.shape[1])}
