@@ -98,3 +98,24 @@ def test_retrieval_folder_errors(tmp_path):
     data.load_retrieval_set(root)
   with pytest.raises(FileNotFoundError, match='config.retrieval.roots'):
     data.load_retrieval_set(str(tmp_path / 'missing'))
+
+
+def test_original_download_layout(tmp_path):
+  """oxbuild_images/ + a gt_files folder (classic .txt files; Oxford's oxc1_ prefix), names resolved to paths."""
+  import os
+  from PIL import Image
+  from visim_jax.data import retrieval as data
+  root = tmp_path / 'oxford5k'
+  os.makedirs(root / 'oxbuild_images')
+  os.makedirs(root / 'gt_files_170407')
+  for n in ('all_souls_1', 'all_souls_2', 'radcliffe_1'):
+    Image.new('RGB', (8, 6)).save(root / 'oxbuild_images' / f'{n}.jpg')
+  gt = root / 'gt_files_170407'
+  (gt / 'all_souls_1_query.txt').write_text('oxc1_all_souls_1 1.0 2.0 7.0 5.0\n')
+  (gt / 'all_souls_1_good.txt').write_text('all_souls_2\n')
+  (gt / 'all_souls_1_ok.txt').write_text('')
+  (gt / 'all_souls_1_junk.txt').write_text('radcliffe_1\n')
+  ds = data.load_retrieval_set(str(root))
+  assert ds.protocol == 'classic' and ds.gt.imlist == ['all_souls_1', 'all_souls_2', 'radcliffe_1']
+  assert ds.query_paths == [str(root / 'oxbuild_images' / 'all_souls_1.jpg')]
+  np.testing.assert_array_equal(ds.gt.gnd[0]['ok'], [1])

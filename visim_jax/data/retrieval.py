@@ -19,7 +19,7 @@ Bad input raises naming the file (and line).
 
 A dataset folder (`load_retrieval_set`), in revisitop's / cirtorch's layout `<root>/jpg/<name>.jpg` +
 `<root>/gnd_<dataset>.pkl` (e.g. roxford5k, rparis6k, oxford5k, paris6k), or the original download
-(`<root>/oxbuild_images/` or `<root>/images/` + a `gt_files*` folder), gives the database image paths in imlist
+(`<root>/oxbuild_images/` or `<root>/images/` + a folder of `*_query.txt` files), gives the database image paths in imlist
 order, the query image paths and their bounding boxes (queries are cropped to them: the standard protocol).
 """
 from __future__ import annotations
@@ -187,13 +187,15 @@ class RetrievalSet:
 
 
 def _find_gnd(root: str) -> str:
+  """The one ground truth in `root`: a gnd_*.pkl, or a sub-folder of *_query.txt files (gt_files_170407/,
+  paris_120310/, ...)."""
   pkls = sorted(glob.glob(os.path.join(root, 'gnd_*.pkl')))
-  dirs = sorted(d for d in glob.glob(os.path.join(root, 'gt_files*')) if os.path.isdir(d))
+  dirs = sorted(d for d in glob.glob(os.path.join(root, '*')) if os.path.isdir(d)
+                and glob.glob(os.path.join(d, '*_query.txt')))
   found = pkls + dirs
   if len(found) != 1:
-    raise UserError(f'config.retrieval.roots: {root}: expected exactly one ground truth (gnd_*.pkl or a gt_files* '
-                    f'folder), found {[os.path.basename(f) for f in found] or "none"}; name it with '
-                    'config.retrieval.gnd')
+    raise UserError(f'config.retrieval.roots: {root}: expected exactly one ground truth (a gnd_*.pkl or a folder '
+                    f'of *_query.txt files), found {[os.path.basename(f) for f in found] or "none"}; keep one')
   return found[0]
 
 
