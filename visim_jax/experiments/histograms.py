@@ -26,8 +26,7 @@ from visim_jax.metrics import knn as knn_lib
 from visim_jax.metrics import tree as tree_lib
 
 DATASETS = ('demo', 'folder', 'tfds', 'features')
-SCALARS = ('overlap', 'max_overlap', 'max_class_overlap', 'astd_inter', 'astd_intra', 'class_mean_spread_inter',
-           'class_mean_spread_intra')
+SCALARS = H.SCALARS
 NODE_KEYS = ('node', 'level', 'clusters', 'samples') + SCALARS
 
 
@@ -81,10 +80,6 @@ def load_data(config, progress: bool = True):
                                                     empty_class_folders=data.empty_classes)
 
 
-def scalars(m: dict) -> dict:
-  return {k: (float(m[k]) if np.isfinite(m[k]) else None) for k in SCALARS}
-
-
 def tree_nodes(config, tree, names, labels) -> list:
   """[(node, level, children, cluster labels)] of the nodes with config.tree_min_children+ children."""
   try:
@@ -95,22 +90,6 @@ def tree_nodes(config, tree, names, labels) -> list:
     raise UserError(f'config.class_tree: no node has {config.tree_min_children}+ children holding samples '
                     '(do the tree names match the class names? see config.tree_min_children)')
   return nodes
-
-
-def evaluate_tree(x, nodes, opts, estimator, progress=True):
-  """Per-node rows and per-level rows (means over the level's nodes) of the hierarchy (no standard errors)."""
-  node_opts = H.Options(**{**opts.__dict__, 'min_class_size': 2})  # classes were filtered once, globally
-  rows, skipped = [], 0
-  for node, level, kids, cl in tqdm(nodes, desc='tree nodes', unit='node', disable=not progress):
-    try:
-      m = H.evaluate(x, cl, len(kids), node_opts, estimator=estimator, replicates=0)
-    except H.TooFewClasses:
-      skipped += 1
-      continue
-    rows.append({'node': node, 'level': level, 'clusters': int(m['valid'].sum()), 'samples': int((cl >= 0).sum()),
-                 **scalars(m)})
-  levels, overall = tree_lib.level_means(rows, SCALARS)
-  return rows, levels, skipped, {f'{k}_avg': v for k, v in overall.items()}
 
 
 def _csv(rows, header) -> str:
@@ -207,7 +186,10 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
   node_rows, level_rows, skipped_nodes, tree_avg = [], [], 0, {}
   if tree is not None:
-    node_rows, level_rows, skipped_nodes, tree_avg = evaluate_tree(x, nodes, opts, estimator, progress)
+    node_rows, skipped_nodes = tree_lib.evaluate_nodes(
+        x, nodes, opts, estimator, lambda it: tqdm(it, desc='tree nodes', unit='node', disable=not progress))
+    level_rows, overall = tree_lib.level_means(node_rows, SCALARS)
+    tree_avg = {f'{k}_avg': v for k, v in overall.items()}
   t_tree = time.time() - t0
 
   valid = m['valid']
@@ -228,7 +210,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                     'inter_pairs': m['inter_pairs'], 'seed': config.seed, 'se_method': m['se_method'],
                     **({'n_intra_per_class': opts.n_intra, 'n_inter_per_class': opts.n_inter}
                        if estimator == 'random' else {})},
-      'metrics': {**scalars(m), 'knn_accuracy': acc},
+      'metrics': {**H.scalars(m), 'knn_accuracy': acc},
       'standard_errors': m['se'],
       'max_overlap_pair': [names[pair[0]], names[pair[1]]] if pair else None,
       'pairwise_min_pairs': m.get('pairwise_min_pairs') if pair else None,

@@ -42,6 +42,8 @@ from visim_jax.metrics.bins import NUM_BINS, bin_centers
 NORMALIZATIONS = ('none', 'target', 'source')
 PAIR_MODES = ('auto', 'random', 'exhaustive')
 SE_KEYS = ('overlap', 'max_overlap', 'max_class_overlap', 'astd_inter', 'astd_intra')
+SCALARS = ('overlap', 'max_overlap', 'max_class_overlap', 'astd_inter', 'astd_intra', 'class_mean_spread_inter',
+           'class_mean_spread_intra')  # the scalar metrics a run reports (metrics.json, nodes.csv, levels.csv)
 
 
 class TooFewClasses(ValueError):
@@ -307,6 +309,11 @@ def evaluate(x: jax.Array, labels: np.ndarray, num_classes: int, opts: Options =
            class_counts=class_counts, estimator=estimator, replicates=replicates, pairwise=pairwise,
            intra_pairs=int(h_in[0].sum()), inter_pairs=int(h_out[0].sum()))
   return m
+
+
+def scalars(m: dict, keys=SCALARS) -> dict:
+  """{key: float, or None where the metric is not defined (NaN / -inf)} of an `evaluate` result."""
+  return {k: (float(m[k]) if np.isfinite(m[k]) else None) for k in keys}
 
 
 def shard_samples(x: jax.Array, mesh: jax.sharding.Mesh, axis: str = 'data') -> jax.Array:

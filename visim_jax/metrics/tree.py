@@ -9,9 +9,11 @@ shortest distance (edges) from a root (roots are level 0; Sec. 8.1 "according to
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+
+from visim_jax.metrics import histograms as H
 
 MIN_CHILDREN = 3  # Sec. 4.1: more than 2 children
 
@@ -78,6 +80,23 @@ def node_clusters(tree: Mapping[str, Sequence[str]], class_names: Sequence[str],
         owner[ci] = hits[0]
     cl = np.where(labels >= 0, owner[np.clip(labels, 0, None)], -1)
     yield node, lvl.get(node, 0), kids, cl
+
+
+def evaluate_nodes(x, nodes, opts, estimator: str, wrap: Callable = lambda it: it) -> tuple[list[dict], int]:
+  """Per-node rows {node, level, clusters, samples, H.SCALARS} of `node_clusters` output, one estimator for all
+  (no standard errors; classes are filtered once, globally, so clusters need only 2 samples), and the number of
+  nodes skipped for having fewer than 2 clusters with samples. `wrap` may wrap the node list (a progress bar)."""
+  node_opts = H.Options(**{**opts.__dict__, 'min_class_size': 2})
+  rows, skipped = [], 0
+  for node, level, kids, cl in wrap(nodes):
+    try:
+      m = H.evaluate(x, cl, len(kids), node_opts, estimator=estimator, replicates=0)
+    except H.TooFewClasses:
+      skipped += 1
+      continue
+    rows.append({'node': node, 'level': level, 'clusters': int(m['valid'].sum()), 'samples': int((cl >= 0).sum()),
+                 **H.scalars(m)})
+  return rows, skipped
 
 
 def level_means(rows: Sequence[Mapping], keys: Sequence[str]) -> tuple[list[dict], dict]:
