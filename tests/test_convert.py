@@ -70,6 +70,10 @@ def test_dispatch_table_and_refusals(tmp_path):
     convert.convert('alexnet', str(tmp_path / 'a.pth'), str(tmp_path / 'o.bin'))
   assert not any(p.name.startswith('o.') for p in tmp_path.iterdir())
 
+  # a training checkpoint that wraps the state dict once more ({'model': ..., 'epoch': ...}) converts too
+  torch.save({'model': _alexnet_sd(), 'epoch': 3}, tmp_path / 'wrapped.pth')
+  assert convert.convert('alexnet', str(tmp_path / 'wrapped.pth'), str(tmp_path / 'wr.safetensors'))['num_tensors'] == 10
+
   # a corrupted converted file is refused at load (sidecar sha256)
   convert.convert('alexnet', str(tmp_path / 'a.pth'), str(tmp_path / 'a.safetensors'))
   with open(tmp_path / 'a.safetensors', 'r+b') as f:
