@@ -80,6 +80,19 @@ def test_file_order_split_sizes():
   assert [len(x) for x in T.split_context(T.load_cosis(os.path.join(COSIS, 'dist_2723.txt')))] == [672, 336]
 
 
+@needs_data
+def test_authors_pca_fit_set():
+  # dist_reducedim/dist_dataprep: the first 320 of the sorted unique mulref_val reference ids after
+  # np.random.seed(2); np.random.shuffle(...)
+  val = T.load_cosis(os.path.join(COSIS, 'mulref_val.txt'))
+  refs = T.authors_pca_refs(val.references())
+  ids = np.unique([int(r.split('/')[1]) for r in val.references()]).astype(float)
+  np.random.seed(2)
+  np.random.shuffle(ids)
+  assert refs == [f'val/{int(i)}' for i in ids[:320]] and set(refs) <= set(val.references())
+  assert T.describe(val) == {'rows': 4003, 'triplets': 12009, 'header': True, 'references': 1320, 'split': 'val'}
+
+
 def test_random_split_keeps_rows_together(tmp_path):
   body = ''.join(f'1000 {3 * i + 1} 1 {3 * i + 2} 2 {3 * i + 3} 3\n' for i in range(30))
   t = T.load_cosis(_write(tmp_path, 'dist_5.txt', body))
