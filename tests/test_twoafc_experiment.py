@@ -1,13 +1,13 @@
 """End to end: the twoafc experiment on the real CoSIS annotations with stand-in features (every reported
-accuracy is at chance: issue 12 item 1), on the synthetic CoSIS-format set (something to learn; resume), and
-bad input."""
+accuracy is at chance: issue 12 item 1), on the synthetic CoSIS-format set (something to learn; kill + resume
+equals no kill), and bad input."""
 import json
 import os
 
 import numpy as np
 import pytest
 
-from visim_jax import main as main_lib
+from visim_jax import main as main_lib, runtime
 from visim_jax.data import triplets as tdata
 from visim_jax.errors import UserError
 from visim_jax.experiments import twoafc as exp
@@ -73,19 +73,29 @@ def test_stand_in_features_on_real_annotations_are_chance_everywhere(tmp_path):
   assert json.load(open(os.path.join(wd, 'metrics.json')))['fingerprint'] == m['fingerprint']
 
 
-def test_end_to_end_synthetic_and_resume(tmp_path):
-  wd = str(tmp_path / 'wd')
+def test_end_to_end_synthetic_and_kill_resume(tmp_path, monkeypatch):
   c = _config(annotations='synthetic', n_boot=20)
   c.ensemble.sweep = False
-  m = main_lib.run(c, wd)
+  m = main_lib.run(c, str(tmp_path / 'clean'))
   assert m['annotations']['synthetic'] and m['annotations']['files']['mulref_val.txt']['header']
   assert [r['description'].split(' ')[0] for r in m['table6']] == ['not', 'globally', 'best', 'majority', 'PCA',
                                                                   'MLP']
   assert m['cosine_baseline']['val']['accuracy'] > 0.6   # the synthetic labels follow a metric of the features
   assert np.asarray(m['context_models']['cross_context_held_out']['embedding']).shape == (9, 8)
-  assert os.path.isdir(os.path.join(wd, 'checkpoints', '40'))
-  again = main_lib.run(c, wd)                            # resumes at the last step: same numbers
+  # killed right after the first chunk's checkpoint (step 20 of 40), then rerun: the same numbers as no kill
+  wd = str(tmp_path / 'killed')
+
+  def kill(phase, step, directory):
+    if phase == 'after_save' and step == 20:
+      raise KeyboardInterrupt('simulated kill')
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', kill)
+  with pytest.raises(KeyboardInterrupt):
+    main_lib.run(c, wd)
+  assert not os.path.exists(os.path.join(wd, 'metrics.json'))
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', None)
+  again = main_lib.run(c, wd)
   assert again['table6'] == m['table6'] and again['context_models'] == m['context_models']
+  assert again['ensembles'] == m['ensembles']
   c.model.lr = 0.5                                       # a changed config is refused, naming the field
   with pytest.raises(UserError, match=r'config.model'):
     main_lib.run(c, wd)
