@@ -62,6 +62,8 @@ def validate_config(config) -> None:
   if config.dataset == 'tll':
     need(bool(config.data_dir), 'data_dir', 'the TLL folder (with left/ and right/) is required for dataset=tll '
          '(or pass --config.features=FEATS.npz)')
+  need(config.dataset != 'features' or bool(config.features), 'features', 'an .npz path is required for '
+       'dataset=features')
 
 
 def check_sizes(hp: train.Hparams, n: int, dim: int, ks) -> None:

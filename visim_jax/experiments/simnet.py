@@ -105,6 +105,8 @@ def validate_config(config) -> None:
          'test_fraction and train_fraction in (0, 1)')
     if config.dataset in ('tll', 'folder'):
       need(bool(config.data_dir), 'data_dir', f'a folder is required for dataset={config.dataset}')
+    need(config.dataset != 'features' or bool(config.features), 'features', 'an .npz path is required for '
+         'dataset=features')
   if bool(config.retrieval.gt) != bool(config.retrieval.features):
     raise UserError('config.retrieval: gt and features go together (ground truth + an .npz with database/queries)')
   if (config.retrieval.gt or config.retrieval.roots) and config.mode != 'classes':

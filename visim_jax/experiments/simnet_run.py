@@ -51,11 +51,12 @@ def train(config, rt: runtime.Run, d: dict):
   W = config.warmup_steps
   S1 = W + (config.steps if config.mode != 'warmup' else 0)
   S2 = S1 + (config.refine_steps if config.mode != 'warmup' else 0)
-  tree = _host({'params': params, 'opt_state': tx.init(params), 'losses': np.full((S2,), np.nan, np.float32),
+  tree = _host({'params': params, 'opt_state': jax.jit(tx.init)(params), 'losses': np.full((S2,), np.nan, np.float32),
                 'warm_curve': np.full((S2 // every + 2, 3), np.nan, np.float32)})  # (step, mse, rho)
   tree, step = rt.restore(tree)
   tree = {**tree, 'losses': np.array(tree['losses']), 'warm_curve': np.array(tree['warm_curve'])}
-  wx, wy, wc = simnet.random_pairs(k_eval, int(config.warmup_eval_pairs), dim, x_dist=config.warmup_x_dist)
+  pairs = jax.jit(simnet.random_pairs, static_argnums=(1, 2), static_argnames='x_dist')  # one compilation, not many
+  wx, wy, wc = pairs(k_eval, int(config.warmup_eval_pairs), dim, x_dist=config.warmup_x_dist)
   warm_eval = lambda p: _warm_eval(p, wx, wy, wc)
 
   def chunk(fn):
@@ -81,7 +82,7 @@ def train(config, rt: runtime.Run, d: dict):
   if config.mode != 'warmup':
     data = jax.tree.map(jnp.asarray, d['train'])
     if step == W:
-      tree['opt_state'] = _host(tx.init(tree['params']))  # a fresh optimiser for training proper
+      tree['opt_state'] = _host(jax.jit(tx.init)(tree['params']))  # a fresh optimiser for training proper
     stage1 = lambda t, s0, n: simnet.train_chunk(tx, t['params'], t['opt_state'], k_train, s0, data, config.delta, n,
                                                  bs, config.mode)
     tree = loop(tree, stage1, step, S1)
