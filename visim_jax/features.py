@@ -60,7 +60,7 @@ def pool(stages, layers: Sequence[str]) -> jax.Array:
 
 
 def layer_dims(backbone: Backbone, layers: Sequence[str]) -> dict[str, int]:
-  """Backbone.layer_dims (kept for callers of the old name)."""
+  """{stage: channels} of `layers`: Backbone.layer_dims."""
   return backbone.layer_dims(layers)
 
 
@@ -161,9 +161,6 @@ def manifest_for(backbone: Backbone, paths: Sequence[str], layers: Sequence[str]
 def cache_path(cache_dir: str, tag: str, manifest: dict) -> str:
   key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
   return os.path.join(cache_dir, f'{tag}-{manifest["backbone"]}-{key}.npz')
-
-
-save_npz_atomic = ops.save_npz_atomic  # old name, kept until search/export/histograms import ops; then removed
 
 
 def _checksum(features: np.ndarray) -> str:

@@ -1,4 +1,4 @@
-"""Writing results: atomic JSON files, config.json, a console table, TensorBoard scalars, figures.
+"""Writing results: JSON files and config.json (atomic, through ops), a console table, TensorBoard scalars, figures.
 
 Only process 0 writes (multi-host runs call these on every host; the others return at once).
 """
@@ -28,9 +28,6 @@ def _default(o):
   if hasattr(o, 'to_dict'):
     return o.to_dict()
   return str(o)
-
-
-atomic_write_text = ops.atomic_write_text  # old name, kept until twoafc/histograms/search import ops
 
 
 def write_json(path: str, obj: Any) -> None:
