@@ -48,7 +48,9 @@ def _accuracies(o, path=''):
 def test_stand_in_features_on_real_annotations_are_chance_everywhere(tmp_path):
   # ~70 intervals: each at 1 - 0.05/70 (Bonferroni) so the family holds 0.5 with >= 95% probability
   wd = str(tmp_path / 'wd')
-  m = main_lib.run(_config(ci_level=1 - 0.05 / 70, plots=True), wd)
+  c = _config(ci_level=1 - 0.05 / 70, plots=True)
+  c.ensemble.pca_fit = 'authors'                                  # the code's PCA fit set (the default: 'val')
+  m = main_lib.run(c, wd)
   assert m['features']['kind'] == 'stand_in' and 'at chance' in m['features']['note']
   accs = list(_accuracies(m))
   out_of_sample = [(p, a) for p, a in accs if not a.get('in_sample')]
@@ -65,6 +67,7 @@ def test_stand_in_features_on_real_annotations_are_chance_everywhere(tmp_path):
   sweep = m['ensembles']['subset_sweep']
   assert len(sweep['size']) == 255 and np.asarray(sweep['mlp']).shape == (255, 2)
   assert all(abs(x - 0.5) < 0.05 for x in sweep['majority'] + sweep['pca'])
+  assert len(m['ensembles_ranking_block']['subset_sweep']['pca']) == 255        # Fig. 10 (appendix)
   # the file-order split (authors'): the last third of each dist file held out
   pc = m['context_models']['per_context']['indoor']
   assert (pc['n_train'], pc['n_held_out']) == (670, 335)

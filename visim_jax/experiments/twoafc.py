@@ -188,7 +188,7 @@ def evaluate(config, workdir, run_, folder, sets, feats, table, feat_desc, synth
   for kind, (da, db) in answers.items():
     ens[kind], extra[kind] = run_ensembles(config, feats, table, val, test, [x[:k] for x in (da[:, sl[nv]], db[:, sl[nv]])],
                                            [x[:k] for x in (da[:, sl[nt]], db[:, sl[nt]])], names, acc,
-                                           sweep=(kind == 'embedding' and config.ensemble.sweep))
+                                           sweep=config.ensemble.sweep)
   acc.fill()
   table6 = [{'description': f'not fine-tuned: cosine on {feat_desc["kind"]} features', 'val': baseline['val'],
              'test': baseline['test']}]
