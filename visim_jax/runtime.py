@@ -142,6 +142,7 @@ class Run:
     self._lock_fd = None
     self._mngr = None
     self._writer = None
+    self._bar = None  # one progress bar across the loops (phases) of the run
 
   # ---------------------------------------------------------------- enter / exit
   def __enter__(self) -> 'Run':
@@ -172,6 +173,9 @@ class Run:
       if self._writer is not None:
         self._writer.close()
         self._writer = None
+      if self._bar is not None:
+        self._bar.close()
+        self._bar = None
       if self.ckpt_dir and report.is_writer():
         _remove_tmp_dirs(self.ckpt_dir)
     finally:
@@ -328,8 +332,13 @@ def loop(tree, chunk_fn, start: int, end: int, every: int, save_every: int | Non
   step = start
   if step >= end:
     return tree
-  bar = tqdm(total=total or end, initial=step, desc=desc, unit='step', dynamic_ncols=True,
-             disable=not (progress and report.is_writer()))
+  if run is not None and run._bar is not None:  # a later phase of the same run: the same bar goes on
+    bar = run._bar
+  else:
+    bar = tqdm(total=total or end, initial=step, desc=desc, unit='step', dynamic_ncols=True,
+               disable=not (progress and report.is_writer()))
+    if run is not None:
+      run._bar = bar
   try:
     while step < end:
       n = min(every - step % every, end - step)
@@ -348,7 +357,8 @@ def loop(tree, chunk_fn, start: int, end: int, every: int, save_every: int | Non
       if run is not None and (step % save_every == 0 or step == end):
         run.save(step, tree)
   finally:
-    bar.close()
+    if run is None:
+      bar.close()
   return tree
 
 

@@ -11,24 +11,20 @@ a fresh random set of config.hard_set_size is scored all-against-all, pairs wher
 difficult pool, saved to hard_pairs.npz; config.hard_fraction of each batch comes from it). The optimiser state
 is reset when stage 1 starts. Vectors: optional PCA fitted on training vectors (config.pca_dim), then L2
 (config.normalize). The model math, samplers and jitted chunks are in visim_jax/simnet.py; figures in
-plots/simnet.py; the phases on the runtime, evaluation and report in experiments/simnet_run.py. Outputs: config.json, metrics.json, curves.npz, TensorBoard, plots/, hard_pairs.npz, checkpoints/.
+plots/simnet.py; the data in experiments/simnet_data.py; the phases on the runtime, evaluation and report in
+experiments/simnet_run.py. Outputs: config.json, metrics.json, curves.npz, TensorBoard, plots/, hard_pairs.npz, checkpoints/.
 """
 from __future__ import annotations
 
 import os
 import time
 
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from visim_jax import features as features_lib
-from visim_jax import ops, runtime, simnet
-from visim_jax.data import classes as classes_lib
-from visim_jax.data import npz
-from visim_jax.data import pairs as pairs_lib
+from visim_jax import runtime, simnet
 from visim_jax.errors import UserError
-from visim_jax.experiments import simnet_run
+from visim_jax.experiments import simnet_data, simnet_run
 
 MODES = ('warmup', 'classes', 'pairs')
 DATASETS = {'warmup': ('random',), 'classes': ('demo', 'folder', 'features'), 'pairs': ('tll', 'demo', 'features')}
@@ -119,135 +115,13 @@ def validate_config(config) -> None:
     raise FileNotFoundError(f'config.init_from: {config.init_from} is not a checkpoints folder')
 
 
-# ------------------------------------------------------------------------------------------------ data
-
-def _extract(config, groups, progress):
-  """[(paths, names, tag)] -> feature arrays through the cache, and the description metrics.json records."""
-  backbone, layers = features_lib.build(config)
-  out = [features_lib.features_of(config, backbone, layers, p, n, tag, progress=progress) for p, n, tag in groups]
-  return out, features_lib.describe(backbone, layers)
-
-
-def load_classes(config, progress=True):
-  """(features (N, D) float32, labels (N,) int32 over the classes present, description)."""
-  if config.dataset == 'features':
-    z = npz.read_arrays(config.features, ('features', 'labels'))
-    x, raw = z['features'].astype(np.float32), z['labels']
-    if x.ndim != 2 or raw.shape != (len(x),):
-      raise UserError(f'config.features: {config.features}: features {x.shape} and labels {raw.shape} mismatch')
-    npz.check_features(x, config.features)
-    desc = {'source': os.path.abspath(config.features)}
-  else:
-    if config.dataset == 'demo':
-      from visim_jax.data import demo
-      root = demo.from_config(config)
-      data = classes_lib.demo_labelled(os.path.dirname(root), config.demo.n_pairs, config.demo.seed)
-      half = len(data.paths) // 2   # left sides, then right sides (the cache entries of the pairs experiments)
-      names = [os.path.basename(p) for p in data.paths[:half]]
-      groups = [(data.paths[:half], names, 'left'), (data.paths[half:], names, 'right')]
-    else:
-      root = config.data_dir
-      data = classes_lib.image_folder(root)
-      groups = [(data.paths, [os.path.relpath(p, root) for p in data.paths], 'classes')]
-    arrays, desc = _extract(config, groups, progress)
-    x, raw, desc['root'] = np.concatenate(arrays), data.labels, os.path.abspath(root)
-  names, labels = np.unique(raw, return_inverse=True)
-  if len(names) < 2:
-    raise UserError(f'config.dataset={config.dataset}: need at least 2 classes, found {len(names)}')
-  return x, labels.astype(np.int32), {**desc, 'n_classes': len(names)}
-
-
-def load_pairs(config, progress=True):
-  """(left, right, names, description)."""
-  if config.dataset == 'features':
-    left, right, names = pairs_lib.load_feature_pairs(config.features)
-    return left, right, names, {'source': os.path.abspath(config.features)}
-  pairs, root = pairs_lib.from_config(config)
-  (left, right), desc = _extract(config, [(pairs.left, pairs.names, 'left'), (pairs.right, pairs.names, 'right')],
-                                 progress)
-  pairs_lib.check_feature_pairs(left, right, pairs.names, source=f'{config.backbone} features of {root}')
-  return left, right, pairs.names, {**desc, 'root': os.path.abspath(root)}
-
-
-def split_classes(labels, config, rng):
-  """(train_idx, test_idx) of a labelled set: 'images' stratified per class, or 'classes' held out."""
-  n_cls = labels.max() + 1
-  if config.split == 'classes':
-    test_cls = np.zeros(n_cls, bool)
-    test_cls[rng.permutation(n_cls)[:max(1, int(round(config.test_fraction * n_cls)))]] = True
-    test = test_cls[labels]
-  else:
-    test = np.zeros(len(labels), bool)
-    for c in range(n_cls):
-      idx = rng.permutation(np.nonzero(labels == c)[0])
-      test[idx[:int(round(config.test_fraction * len(idx)))]] = True
-  train_idx, test_idx = np.nonzero(~test)[0], np.nonzero(test)[0]
-  counts = np.bincount(labels[train_idx], minlength=n_cls)
-  if (counts >= 2).sum() < 1 or (counts > 0).sum() < 2:
-    raise UserError(f'config.test_fraction: {config.test_fraction} leaves a training split without 2 classes, '
-                    f'one with 2+ images (class counts {counts.tolist()})')
-  if len(test_idx) < 2:
-    raise UserError(f'config.test_fraction: {config.test_fraction} gives a test split of {len(test_idx)} images')
-  return train_idx, test_idx
-
-
-def transform(config, fit_rows, *arrays):
-  """Optional PCA (fitted on fit_rows) then L2 normalisation; returns float32 arrays."""
-  if config.pca_dim:
-    from visim_jax import pca as pca_lib
-    if config.pca_dim > min(fit_rows.shape[1], len(fit_rows)):
-      raise UserError(f'config.pca_dim: {config.pca_dim} exceeds min(feature dim {fit_rows.shape[1]}, training '
-                      f'vectors {len(fit_rows)})')
-    p = pca_lib.fit(jnp.asarray(fit_rows), config.pca_dim)
-    arrays = [np.asarray(pca_lib.transform(p, jnp.asarray(a))) for a in arrays]
-  return [np.asarray(ops.l2_normalize(np.asarray(a, np.float32)) if config.normalize else a, np.float32)
-          for a in arrays]
-
-
-def prepare(config, progress):
-  """Mode -> {'dim', 'train' (sampler data), 'test' arrays, fingerprint arrays, metrics extras, retrieval}."""
-  rng, ks = np.random.RandomState(config.seed), [int(k) for k in config.ks]
-  if config.mode == 'warmup':
-    return {'dim': int(config.warmup_dim), 'fp': [], 'desc': {}, 'extra': {}}
-  if config.mode == 'classes':
-    x, labels, desc = load_classes(config, progress)
-    tr, te = split_classes(labels, config, rng)
-    x_tr, x_te = transform(config, x[tr], x[tr], x[te])
-    out = {'dim': x_tr.shape[1], 'fp': [x, labels, tr], 'desc': desc, 'labels_train': labels[tr],
-           'train': {'a': x_tr, 'b': x_tr, 'index': simnet.class_index(labels[tr])},
-           'test': (x_te, labels[te]),
-           'extra': {'n_images': int(len(x)), 'n_classes': desc.pop('n_classes'), 'n_train': int(len(tr)),
-                     'n_test': int(len(te)), 'split': config.split}}
-    if config.retrieval.gt:
-      r = simnet_run.load_retrieval_eval(config, x.shape[1])
-      db, q = transform(config, x[tr], r['database'], r['queries'])
-      out['retrieval'] = {'database': db, 'queries': q, 'gt': r['gt']}
-    if config.retrieval.roots:
-      out['retrieval_sets'] = {}
-      for r in simnet_run.load_retrieval_sets(config, progress):
-        db, q = transform(config, x[tr], r['database'], r['queries'])
-        out['retrieval_sets'][r['name']] = {'database': db, 'queries': q, 'gt': r['gt']}
-    return out
-  left, right, names, desc = load_pairs(config, progress)
-  n, perm = len(names), rng.permutation(len(names))
-  n_train = int(round(config.train_fraction * n))
-  if n_train < 2 or n - n_train < max(ks):
-    raise UserError(f'config.train_fraction: {config.train_fraction} of {n} pairs gives {n_train} train / '
-                    f'{n - n_train} test pairs (need 2+ and at least max(ks) = {max(ks)})')
-  tr, te = np.sort(perm[:n_train]), np.sort(perm[n_train:])
-  l_tr, r_tr, l_te, r_te = transform(config, np.concatenate([left[tr], right[tr]]), left[tr], right[tr], left[te],
-                                     right[te])
-  return {'dim': l_tr.shape[1], 'fp': [left, right, tr], 'desc': desc, 'train': {'a': l_tr, 'b': r_tr},
-          'test': (l_te, r_te), 'extra': {'n_pairs': n, 'n_train': n_train, 'n_test': n - n_train}}
-
-
 # ---------------------------------------------------------------------------------------------- the run
 
 def run(config, workdir: str, progress: bool = True) -> dict:
   config = features_lib.select_source(config) if config.mode != 'warmup' else config
   validate_config(config)
   t0 = time.time()
-  d = prepare(config, progress)
+  d = simnet_data.prepare(config, progress)
   recorded = features_lib.recorded_config(config, uses_backbone=config.mode != 'warmup'
                                           and config.dataset != 'features')
   fields = {k: v for k, v in recorded.items() if k not in NOT_FINGERPRINTED}
