@@ -324,8 +324,21 @@ def load_whitening(backbone, opts: Options, cache_dir: str | None, file_key_fn, 
   if not src:
     return None
   dim = opts.whiten_dim or None
-  if os.path.isdir(src):
-    paths = images_in(src)
+  paths = images_in(src) if os.path.isdir(src) else None
+  source_key = file_key_fn(paths) if paths is not None else (
+      f'{os.path.abspath(src)}:{os.stat(src).st_size}:{os.stat(src).st_mtime_ns}' if os.path.isfile(src) else src)
+  key = (backbone.name, backbone.weights_id, opts, dtype, source_key)
+  if key not in _WHITENINGS:   # learned once per process (every descriptor set of a run uses it)
+    _WHITENINGS[key] = _load_whitening(backbone, opts, src, dim, paths, cache_dir, file_key_fn, batch_size, dtype,
+                                       progress)
+  return _WHITENINGS[key]
+
+
+_WHITENINGS: dict = {}
+
+
+def _load_whitening(backbone, opts, src, dim, paths, cache_dir, file_key_fn, batch_size, dtype, progress):
+  if paths is not None:
     regions, _ = cached_regions(backbone, paths, opts, cache_dir, file_key_fn(paths), None, 'whiten', batch_size,
                                 dtype, progress)
   elif os.path.isfile(src) and src.endswith('.npz'):
