@@ -39,6 +39,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from visim_jax import pca as pca_lib
+from visim_jax.data import triplets as tdata
+from visim_jax.metrics import twoafc
+
 
 # ------------------------------------------------------------------------------------------- decisions
 
@@ -249,3 +253,53 @@ def subset_sweep(masks: jax.Array, d_a: jax.Array, d_b: jax.Array, a_closer: jax
             jax.vmap(lambda w: acc(jnp.sum(w * diff, 1)))(w_mlp))
   maj, pca, mlp = jax.lax.map(one, masks, batch_size=batch)
   return {'majority': maj, 'pca': pca, 'mlp': mlp}
+
+
+# ------------------------------------------------------------------------------ the paper's protocol
+
+def fit_and_score(e, seed: int, feats_of, val, test, dist_val, dist_test, names, acc,
+                  anchors=()) -> tuple[dict, dict]:
+  """The paper's protocol (Sec. 4.2, 5.4): weights fitted on mulref_val (`val`), scored on val (in-sample) and
+  mulref_test (`test`): best single model, majority vote, PCA credibility maps, MLP weights, and every subset.
+
+  e: the options (config.ensemble: grid, window, threshold, pca_fit, mlp_*, sweep); feats_of(keys) -> (n, D)
+  reference features; dist_val / dist_test: (d_a, d_b) (K, T) of the K models; acc(scores, triplets, **extra)
+  -> a summary dict (metrics.twoafc.Summaries); anchors: the context reference keys (the authors' PCA fit set adds
+  them). Returns (metrics, extras for the plots).
+  """
+  (ref_val, g_val), (ref_test, g_test) = twoafc.group_ids(val.ref), twoafc.group_ids(test.ref)
+  f = lambda keys: jnp.asarray(feats_of(keys))
+  dv, dt = [jnp.asarray(x) for x in dist_val], [jnp.asarray(x) for x in dist_test]
+  sc_val = decision_scores(jnp.sign(dv[1] - dv[0]), jnp.asarray(val.a_closer))
+  acc_val, _ = twoafc.per_group_mean(sc_val, jnp.asarray(g_val), len(ref_val))       # (K, R) correctness
+  fit_rows = list(ref_val) if e.pca_fit == 'val' else tdata.authors_pca_refs(ref_val) + list(anchors)
+  fit_feats = f(fit_rows)
+  dim = min(max(2, e.mlp_dim), *fit_feats.shape)
+  pca = pca_lib.fit(fit_feats, dim)
+  xy = {'val': pca_lib.transform(pca, f(ref_val)), 'test': pca_lib.transform(pca, f(ref_test))}
+  cm = fit_credibility(xy['val'][:, :2], acc_val, e.grid, e.window)
+  keys = jax.random.split(jax.random.PRNGKey(seed), e.mlp_seeds)
+  mlp = fit_mlp_repeats(keys, xy['val'][:, :e.mlp_dim], acc_val, e.mlp_hidden, e.mlp_epochs, e.mlp_lr,
+                        e.mlp_alpha, e.mlp_batch)
+  best = int(np.argmax(np.asarray(sc_val.mean(1))))
+  out = {'best_single': {'model': names[best], 'chosen_on': 'mulref_val accuracy'}, 'majority_vote': {},
+         'pca_credibility': {'grid': e.grid, 'window': e.window, 'threshold': e.threshold, 'pca_fit': e.pca_fit},
+         'mlp': {'pca_dim': int(min(e.mlp_dim, dim)), 'hidden': e.mlp_hidden, 'seeds': e.mlp_seeds}}
+  for split, t, (da, db), g in (('val', val, dv, g_val), ('test', test, dt, g_test)):
+    r = ensemble_scores(cm, xy[split][:, :2], mlp, xy[split][:, :e.mlp_dim], da, db, jnp.asarray(t.a_closer),
+                        jnp.asarray(g), best, e.threshold)
+    fitted = split == 'val'
+    for name in ('best_single', 'majority_vote', 'pca_credibility'):
+      out[name][split] = acc(r[name], t, in_sample=fitted and name != 'majority_vote')
+    runs = np.asarray(r['mlp'])
+    out['mlp'][split] = acc(runs[0], t, in_sample=fitted, accuracy_mean=float(runs.mean()),
+                            accuracy_std=float(runs.mean(1).std()), accuracy_seeds=runs.mean(1).tolist())
+  if e.sweep:
+    masks = subset_masks(len(names))
+    res = subset_sweep(jnp.asarray(masks), *dt, jnp.asarray(test.a_closer), jnp.asarray(g_test), r['cred'],
+                       r['count'], r['mlp_pred'], e.threshold)
+    out['subset_sweep'] = {'split': 'mulref_test', 'size': masks.sum(1).tolist(),
+                           'subsets': [[names[i] for i in np.flatnonzero(mk)] for mk in masks],
+                           **{x: np.asarray(v).tolist() for x, v in res.items()}}
+  return out, {'credibility': cm, 'xy_val': np.asarray(xy['val'][:, :2]), 'acc_val': np.asarray(acc_val),
+               'names': names}

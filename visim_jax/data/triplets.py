@@ -39,7 +39,6 @@ from visim_jax.errors import UserError
 COSIS_PAIRS = ((0, 1), (0, 2), (1, 2))  # candidate positions (a, b) of a row's three triples; a is closer
 CONTEXTS = {715: 'indoor', 2723: 'city', 389: 'ocean', 1673: 'field', 1006: 'mountain', 254: 'forest',
             2352: 'flower', 667: 'abstract'}  # the eight dist_<ref> files, paper order
-CONTEXT_KEYS = [f'val/{r}' for r in CONTEXTS]  # their reference images' keys
 SPLIT_FOLDERS = {'val': ('val', 'testval', 'test'), 'train': ('train',)}  # BG-20k sub-folders per split
 
 
@@ -351,7 +350,8 @@ def write_synthetic_cosis(folder: str, seed: int = 0, dim: int = 32, n_val: int 
   # the context refs are renamed to their paper ids: give those ids the features of the pool image
   val_rows = [x for ref in rng.choice(n_val, val_refs, replace=False) for x in rows('val', int(ref), 3)]
   write('mulref_val.txt', val_rows, 'ref order1 class1 order2 class2 order3 class3\n')
-  write('mulref_test.txt', [x for ref in rng.choice(n_train, test_refs, replace=False) for x in rows('train', int(ref), 3)])
+  write('mulref_test.txt',
+        [x for ref in rng.choice(n_train, test_refs, replace=False) for x in rows('train', int(ref), 3)])
   names = [f'{i} val syn_val_{i}' for i in range(max(n_val, max(ctx_refs) + 1))]
   names += [f'{i} train syn_train_{i}' for i in range(n_train)]
   ops.atomic_write_text(os.path.join(folder, 'filename_dict.txt'), '\n'.join(names) + '\n')

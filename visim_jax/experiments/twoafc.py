@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import ensembles, pca as pca_lib, report, runtime
+from visim_jax import ensembles, report, runtime
 from visim_jax import triplets as cs
 from visim_jax.data import triplets as tdata
 from visim_jax.errors import UserError
@@ -42,10 +42,10 @@ def validate_config(config) -> None:
   m, e = config.model, config.ensemble
   need(m.split in tdata.SPLITS, 'model.split', f'one of {tdata.SPLITS}')
   need(0 < m.train_fraction < 1, 'model.train_fraction', 'must be in (0, 1)')
-  for f in ('embed_dim', 'steps', 'chunk_steps'):
-    need(m[f] >= 1, f'model.{f}', 'must be >= 1')
-  need(m.hidden >= 0 and m.batch_size >= 0, 'model.hidden', 'hidden and batch_size must be >= 0')
-  need(m.lr > 0 and m.triplet_weight >= 0, 'model.lr', 'lr must be > 0, triplet_weight >= 0')
+  for f, lo in (('embed_dim', 1), ('steps', 1), ('chunk_steps', 1), ('hidden', 0), ('batch_size', 0),
+                ('triplet_weight', 0)):
+    need(m[f] >= lo, f'model.{f}', f'must be >= {lo}')
+  need(m.lr > 0, 'model.lr', 'must be > 0')
   need(e.grid >= 2 and e.window >= 2, 'ensemble.window', 'grid and window must be >= 2 cells')
   need(e.pca_fit in PCA_FITS, 'ensemble.pca_fit', f'one of {PCA_FITS}')
   need(min(e.mlp_dim, e.mlp_hidden, e.mlp_epochs, e.mlp_seeds, e.mlp_batch) >= 1, 'ensemble.mlp_seeds',
@@ -102,10 +102,8 @@ def load_features(config, sets, folder: str, synthetic: bool, progress: bool = T
 
 
 def model_hparams(config) -> cs.Hparams:
-  m = config.model
-  return cs.Hparams(embed_dim=m.embed_dim, hidden=m.hidden, triplet_weight=m.triplet_weight,
-                    normalize=m.normalize, lr=m.lr, weight_decay=m.weight_decay, steps=m.steps,
-                    batch_size=m.batch_size, swap=m.swap, seed=config.seed)
+  fields = ('embed_dim', 'hidden', 'triplet_weight', 'normalize', 'lr', 'weight_decay', 'steps', 'batch_size', 'swap')
+  return cs.Hparams(**{f: config.model[f] for f in fields}, seed=config.seed)
 
 
 def train_models(run_: runtime.Run, config, feats, train_sets: cs.Batch, names) -> tuple:
@@ -119,9 +117,11 @@ def train_models(run_: runtime.Run, config, feats, train_sets: cs.Batch, names) 
     state, loss = chunk(feats_j, train_sets, tree['state'], step0, n)
     hist = np.array(tree['loss'])
     hist[:, step0:step0 + n] = np.asarray(loss)
-    return {'state': state, 'loss': hist}, {f'train/loss_{x}': float(hist[j, step0:step0 + n].mean()) for j, x in enumerate(names)}
+    scalars = {f'train/loss_{x}': float(hist[j, step0:step0 + n].mean()) for j, x in enumerate(names)}
+    return {'state': state, 'loss': hist}, scalars
 
-  template = {'state': jax.device_get(cs.init_state(hp, feats.shape[1], k)), 'loss': np.zeros((k, hp.steps), np.float32)}
+  template = {'state': jax.device_get(cs.init_state(hp, feats.shape[1], k)),
+              'loss': np.zeros((k, hp.steps), np.float32)}
   tree, start = run_.restore(template)
   runtime.say(f'training {k} models ({", ".join(names)}) x {hp.steps} steps, one vmapped program')
   tree = run_.loop(tree, chunk_fn, start, hp.steps, every=config.model.chunk_steps)
@@ -136,8 +136,10 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   ctx, val, test = sets['contexts'], sets['mulref_val'], sets['mulref_test']
   names = list(ctx)
   m = config.model
-  splits = {n: tdata.split_context(t, m.split, m.train_fraction, config.seed + j) for j, (n, t) in enumerate(ctx.items())}
-  rows = {n: (*t.indices(table), t.a_closer, t.cls_a.astype(np.int32), t.cls_b.astype(np.int32)) for n, t in ctx.items()}
+  splits = {n: tdata.split_context(t, m.split, m.train_fraction, config.seed + j)
+            for j, (n, t) in enumerate(ctx.items())}
+  rows = {n: (*t.indices(table), t.a_closer, t.cls_a.astype(np.int32), t.cls_b.astype(np.int32))
+          for n, t in ctx.items()}
   train_parts = [tuple(c[splits[n][0]] for c in rows[n]) for n in names]
   if m.global_model:  # Table 5: one model on the union of the eight training parts
     train_parts.append(tuple(np.concatenate(c) for c in zip(*train_parts)))
@@ -147,10 +149,12 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   fp = runtime.fingerprint(fields, [feats] + [np.asarray(x) for x in train_sets])
   with runtime.Run(workdir, config, fp, progress=progress, desc='context models') as run_:
     params, loss = train_models(run_, config, feats, train_sets, models)
-    return evaluate(config, workdir, run_, folder, sets, feats, table, feat_desc, synthetic, splits, models, params, loss)
+    return evaluate(config, workdir, run_, folder, sets, feats, table, feat_desc, synthetic, splits, models, params,
+                    loss)
 
 
-def evaluate(config, workdir, run_, folder, sets, feats, table, feat_desc, synthetic, splits, models, params, loss) -> dict:
+def evaluate(config, workdir, run_, folder, sets, feats, table, feat_desc, synthetic, splits, models, params,
+             loss) -> dict:
   """Every model on every evaluation set, the ensembles, metrics.json, plots and the console tables."""
   ctx, val, test = sets['contexts'], sets['mulref_val'], sets['mulref_test']
   names, m = list(ctx), config.model
@@ -186,28 +190,33 @@ def evaluate(config, workdir, run_, folder, sets, feats, table, feat_desc, synth
   k = len(names)
   ens, extra = {}, {}
   for kind, (da, db) in answers.items():
-    ens[kind], extra[kind] = run_ensembles(config, feats, table, val, test, [x[:k] for x in (da[:, sl[nv]], db[:, sl[nv]])],
-                                           [x[:k] for x in (da[:, sl[nt]], db[:, sl[nt]])], names, acc,
-                                           sweep=config.ensemble.sweep)
+    ens[kind], extra[kind] = ensembles.fit_and_score(
+        config.ensemble, config.seed, lambda keys: feats[[table[x] for x in keys]], val, test,
+        [x[:k] for x in (da[:, sl[nv]], db[:, sl[nv]])], [x[:k] for x in (da[:, sl[nt]], db[:, sl[nt]])], names, acc,
+        anchors=[str(t.ref[0]) for t in ctx.values()])
   acc.fill()
   table6 = [{'description': f'not fine-tuned: cosine on {feat_desc["kind"]} features', 'val': baseline['val'],
              'test': baseline['test']}]
   if m.global_model:
-    table6.append({'description': 'globally fine-tuned (union of the 8 context training parts)', **cc['global']['embedding']})
+    table6.append({'description': 'globally fine-tuned (union of the 8 context training parts)',
+                   **cc['global']['embedding']})
   e = ens['embedding']
   table6 += [{'description': f'best single CS model ({e["best_single"]["model"]}, chosen on val)', **e['best_single']},
              {'description': 'majority vote', **e['majority_vote']},
              {'description': 'PCA credibility maps', **e['pca_credibility']},
-             {'description': f'MLP weights (first of {config.ensemble.mlp_seeds} seeds; mean ± std in ensembles)', **e['mlp']}]
+             {'description': f'MLP weights (first of {config.ensemble.mlp_seeds} seeds; mean ± std in ensembles)',
+              **e['mlp']}]
   table6 = [{'description': r['description'], 'val': r['val'], 'test': r['test']} for r in table6]
   files = {os.path.basename(t.source): tdata.describe(t) for t in all_triplets(sets)}
   metrics = {
-      'experiment': 'twoafc', 'features': feat_desc, 'annotations': {'dir': folder, 'synthetic': synthetic, 'files': files},
+      'experiment': 'twoafc', 'features': feat_desc,
+      'annotations': {'dir': folder, 'synthetic': synthetic, 'files': files},
       'tie_rule': 'a tie (equal distances, a zero fused difference or an even vote) scores 1/2',
       'ci': f'{100 * config.ci_level:g}% percentile bootstrap over references (mulref sets) or annotation rows '
             '(context sets); in_sample: the ensemble was fitted (or the model chosen) on this set, as Table 6 val',
       'cosine_baseline': baseline,
-      'context_models': {'hparams': model_hparams(config).__dict__, 'split': m.split, 'train_fraction': m.train_fraction,
+      'context_models': {'hparams': model_hparams(config).__dict__, 'split': m.split,
+                         'train_fraction': m.train_fraction,
                          'contexts': names, 'models': models, 'per_context': per_context,
                          'cross_context_held_out': {x: v.tolist() for x, v in cross.items()}, 'cc_accuracy': cc},
       'ensembles': ens['embedding'], 'ensembles_ranking_block': ens['ranking_block'], 'table6': table6,
@@ -226,42 +235,3 @@ def evaluate(config, workdir, run_, folder, sets, feats, table, feat_desc, synth
                                                             'own_model_ranking_block_held_out') for x in ('accuracy',)]
                       for n in names], ['context (held out)', 'cosine', 'CS embedding', 'CS ranking block']))
   return metrics
-
-
-def run_ensembles(config, feats, table, val, test, dist_val, dist_test, names, acc, sweep: bool) -> tuple:
-  """Best single, majority, PCA credibility, MLP (fitted on val; scored on val = in-sample, and test)."""
-  e = config.ensemble
-  (ref_val, g_val), (ref_test, g_test) = twoafc.group_ids(val.ref), twoafc.group_ids(test.ref)
-  f = lambda keys: jnp.asarray(feats[[table[x] for x in keys]])
-  dv, dt = [jnp.asarray(x) for x in dist_val], [jnp.asarray(x) for x in dist_test]
-  sc_val = ensembles.decision_scores(jnp.sign(dv[1] - dv[0]), jnp.asarray(val.a_closer))
-  acc_val, _ = twoafc.per_group_mean(sc_val, jnp.asarray(g_val), len(ref_val))       # (K, R) correctness
-  fit_rows = list(ref_val) if e.pca_fit == 'val' else tdata.authors_pca_refs(ref_val) + [x for x in tdata.CONTEXT_KEYS if x in table]
-  dim = min(max(2, e.mlp_dim), len(fit_rows), feats.shape[1])
-  pca = pca_lib.fit(f(fit_rows), dim)
-  xy = {'val': pca_lib.transform(pca, f(ref_val)), 'test': pca_lib.transform(pca, f(ref_test))}
-  cm = ensembles.fit_credibility(xy['val'][:, :2], acc_val, e.grid, e.window)
-  keys = jax.random.split(jax.random.PRNGKey(config.seed), e.mlp_seeds)
-  mlp = ensembles.fit_mlp_repeats(keys, xy['val'][:, :e.mlp_dim], acc_val, e.mlp_hidden, e.mlp_epochs, e.mlp_lr,
-                                  e.mlp_alpha, e.mlp_batch)
-  best = int(np.argmax(np.asarray(sc_val.mean(1))))
-  out = {'best_single': {'model': names[best], 'chosen_on': 'mulref_val accuracy'}, 'majority_vote': {},
-         'pca_credibility': {'grid': e.grid, 'window': e.window, 'threshold': e.threshold, 'pca_fit': e.pca_fit},
-         'mlp': {'pca_dim': int(min(e.mlp_dim, dim)), 'hidden': e.mlp_hidden, 'seeds': e.mlp_seeds}}
-  for split, t, (da, db), g in (('val', val, dv, g_val), ('test', test, dt, g_test)):
-    r = ensembles.ensemble_scores(cm, xy[split][:, :2], mlp, xy[split][:, :e.mlp_dim], da, db, jnp.asarray(t.a_closer),
-                                  jnp.asarray(g), best, e.threshold)
-    fitted = split == 'val'
-    for name in ('best_single', 'majority_vote', 'pca_credibility'):
-      out[name][split] = acc(r[name], t, in_sample=fitted and name != 'majority_vote')
-    runs = np.asarray(r['mlp'])
-    out['mlp'][split] = acc(runs[0], t, in_sample=fitted, accuracy_mean=float(runs.mean()),
-                            accuracy_std=float(runs.mean(1).std()), accuracy_seeds=runs.mean(1).tolist())
-  if sweep:
-    masks = ensembles.subset_masks(len(names))
-    res = ensembles.subset_sweep(jnp.asarray(masks), *dt, jnp.asarray(test.a_closer), jnp.asarray(g_test), r['cred'],
-                                 r['count'], r['mlp_pred'], e.threshold)
-    out['subset_sweep'] = {'split': 'mulref_test', 'size': masks.sum(1).tolist(),
-                           'subsets': [[names[i] for i in np.flatnonzero(mk)] for mk in masks],
-                           **{x: np.asarray(v).tolist() for x, v in res.items()}}
-  return out, {'credibility': cm, 'xy_val': np.asarray(xy['val'][:, :2]), 'acc_val': np.asarray(acc_val), 'names': names}
