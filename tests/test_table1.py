@@ -56,3 +56,70 @@ def test_concatenated_size_equals_table1(name):
   if name not in registry.list_backbones():
     pytest.xfail(f'{name} is not registered yet (issue 13 item 1: the missing families are being written)')
   assert registry.pooled_dim(name) == TABLE[name]['concatenated_size']  # jax.eval_shape, no weights
+
+
+def test_table1_demo_writes_both_tables_offline_and_resumes(tmp_path, demo_root):
+  import csv
+  import json
+  import sys
+  from visim_jax import main as visim_main
+  from visim_jax.experiments import adapt, table1
+  sys.path.insert(0, os.path.join(ROOT, 'configs'))
+  import table1 as table1_config  # noqa: E402
+  c = table1_config.get_config('demo')
+  c.demo.root, c.demo.n_pairs = os.path.dirname(demo_root), 40
+  c.cache_dir = str(tmp_path / 'cache')
+  c.flip, c.runs, c.epochs, c.checkpoint_every, c.pca_dim, c.adapt_dim, c.ks = False, 2, 6, 3, 16, 32, (1, 5)
+  c.sheet_queries = 2
+  wd = tmp_path / 'wd'
+  s = visim_main.run(c, str(wd))
+  specs = ['efficientnet_lite0', 'clip_rn50:tiny', 'resnet18:tiny']
+  assert s['backbones'] == specs
+  with open(wd / 'table1.csv') as f:
+    rows = list(csv.DictReader(f))
+  assert [r['model'] for r in rows] == specs
+  m = json.load(open(wd / 'efficientnet_lite0' / 'metrics.json'))
+  assert m['sigmas'] == [1.0, 15.0] and m['epoch_rule']['primary'] == 'val'
+  lite = rows[0]
+  assert float(lite['concatenated']) == pytest.approx(m['results']['aR@1']['raw']['mean'])
+  assert float(lite['aR@1 sigma=15 std']) == pytest.approx(m['results']['aR@1']['sigma=15']['val']['std'])
+  assert float(lite['pca_variance_sum']) == pytest.approx(m['pca']['explained_variance']['mean'])
+  assert rows[1]['paper aR@1 sigma=15'] == ''           # tiny members are not Table 1's rows
+  assert int(rows[0]['concatenated_size']) == 1776 and rows[0]['paper_concatenated_size'] == ''
+  md = (wd / 'table1.md').read_text()
+  assert md.count('\n| ') == 1 + 3 and md.startswith('| model') and 'test-selected (optimistic)' in md and 'one standard deviation' in md
+  for spec in ('efficientnet_lite0', 'clip_rn50_tiny', 'resnet18_tiny'):
+    assert (wd / spec / 'plots' / 'recall_at_k_sigma=15.png').exists()  # before/after per backbone
+  assert (wd / 'plots' / 'table1.png').stat().st_size > 5000
+  # a rerun reads the finished backbones back instead of training them again
+  calls = []
+  orig = adapt.run
+  try:
+    adapt.run = lambda *a, **k: calls.append(a) or orig(*a, **k)
+    again = table1.run(c, str(wd), progress=False)
+  finally:
+    adapt.run = orig
+  assert calls == [] and again['rows'] == s['rows']
+  # a Table 1 name gets the paper's numbers beside ours
+  text = table1.write_tables(str(tmp_path), [dict(s['rows'][0], model='clip_rn50')], [1, 5], 'val')
+  assert '0.3607 ± 0.0047' in text and '4864' in (tmp_path / 'table1.csv').read_text()
+
+
+def test_table1_config_errors(tmp_path):
+  import sys
+  from visim_jax.errors import UserError
+  from visim_jax.experiments import table1
+  sys.path.insert(0, os.path.join(ROOT, 'configs'))
+  import table1 as table1_config  # noqa: E402
+  c = table1_config.get_config()
+  c.data_dir = str(tmp_path)
+  for value, match in [('resnet18,nope', "unknown backbone 'nope'"), ('resnet18:big', "only option"),
+                       ('resnet18,resnet18', 'listed twice')]:
+    c.backbones = value
+    with pytest.raises(UserError, match='config.backbones: .*' + match):
+      table1.run(c, str(tmp_path / 'wd'), progress=False)
+  c.backbones, c.features, c.dataset = 'resnet18', 'x.npz', 'features'
+  with pytest.raises(UserError, match='config.dataset'):
+    table1.run(c, str(tmp_path / 'wd'), progress=False)
+  assert not (tmp_path / 'wd').exists()
+  assert len(table1.backbone_specs(table1_config.get_config())) == 37  # default: every Table 1 row
