@@ -280,8 +280,9 @@ class Run:
           self._mngr.delete(step)
       if report.is_writer():
         _remove_tmp_dirs(self.ckpt_dir)
-      if isinstance(e, OSError):
-        raise os_error(e, self.ckpt_dir, f'saving checkpoint step {step}') from e
+      cause = _os_cause(e)  # Orbax's background writer may wrap the OSError
+      if cause is not None:
+        raise os_error(cause, self.ckpt_dir, f'saving checkpoint step {step}') from e
       raise
     _hook('after_save', step, self.ckpt_dir)
 
@@ -360,6 +361,22 @@ def loop(tree, chunk_fn, start: int, end: int, every: int, save_every: int | Non
     if run is None:
       bar.close()
   return tree
+
+
+def _os_cause(e: BaseException | None) -> OSError | None:
+  """The OSError in e's cause/context chain (e itself included), if any; TensorStore (Orbax's writer) reports
+  one as a ValueError carrying `[os_error_code='28']` (a full disk)."""
+  import re
+  seen = set()
+  while e is not None and id(e) not in seen:
+    if isinstance(e, OSError):
+      return e
+    code = re.search(r"os_error_code='(\d+)'", str(e))
+    if code:
+      return OSError(int(code.group(1)), os.strerror(int(code.group(1))))
+    seen.add(id(e))
+    e = e.__cause__ or e.__context__
+  return None
 
 
 def _steps_on_disk(ckpt_dir: str) -> list[int]:
