@@ -64,10 +64,6 @@ class Triplets:
   def references(self) -> list[str]:
     return list(dict.fromkeys(self.ref.tolist()))
 
-  def label(self) -> np.ndarray:
-    """The paper's y: -1 when A is closer, +1 otherwise (int8)."""
-    return np.where(self.a_closer, -1, 1).astype(np.int8)
-
   def subset(self, idx) -> 'Triplets':
     idx = np.asarray(idx)
     return dataclasses.replace(self, ref=self.ref[idx], a=self.a[idx], b=self.b[idx],
