@@ -94,7 +94,7 @@ def kill_after(step):
   return hook
 
 
-def test_resume_after_kill_equals_no_kill(tmp_path, monkeypatch):
+def test_resume_after_kill_equals_no_kill(tmp_path, monkeypatch, capsys):
   from visim_jax import runtime
   np.savez(tmp_path / 'f.npz', **synthetic())
   full = adapt.run(features_config(tmp_path / 'f.npz'), str(tmp_path / 'full'), progress=False)
@@ -113,6 +113,20 @@ def test_resume_after_kill_equals_no_kill(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match=r'checkpoints of a different config .*sigmas'):
     adapt.run(features_config(tmp_path / 'f.npz', sigmas=(1.0,)), str(tmp_path / 'killed'), progress=False)
   assert open(tmp_path / 'killed' / 'config.json').read() == before
+  # the newest checkpoint garbled (sharded run state): the run resumes from the previous one, same numbers
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', kill_after(8))
+  with pytest.raises(KeyboardInterrupt):
+    adapt.run(features_config(tmp_path / 'f.npz'), str(tmp_path / 'corrupt'), progress=False)
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', None)
+  for root, _, files in os.walk(tmp_path / 'corrupt' / 'checkpoints' / '8'):
+    for f in files:
+      with open(os.path.join(root, f), 'r+b') as fh:
+        fh.write(b'\x00garbage' * 4)
+  capsys.readouterr()
+  again = adapt.run(features_config(tmp_path / 'f.npz'), str(tmp_path / 'corrupt'), progress=False)
+  assert again['results'] == full['results'] and again['fingerprint'] == full['fingerprint']
+  out = capsys.readouterr().out
+  assert 'checkpoint step 8 is unreadable' in out and 'resuming from step 4' in out
 
 
 def test_pca_fit_all_and_no_flip(tmp_path):
