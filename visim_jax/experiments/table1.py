@@ -157,13 +157,19 @@ def write_tables(workdir: str, rows: list[dict], ks, rule: str) -> str:
   return text
 
 
-def run(config, workdir: str, progress: bool = True) -> dict:
+def validate_config(config) -> list[str]:
+  """Checks the sweep's fields and the adaptation fields (naming the field); returns the backbone specs."""
   if config.dataset not in ('tll', 'demo'):
     raise UserError(f"config.dataset: table1 extracts every backbone's features itself: 'tll' or 'demo' "
                     f'(got {config.dataset!r})')
   specs = backbone_specs(config)
+  adapt.validate_config(adapt_config(config, specs[0]))
+  return specs
+
+
+def run(config, workdir: str, progress: bool = True) -> dict:
+  specs = validate_config(config)
   configs = {s: adapt_config(config, s) for s in specs}
-  adapt.validate_config(configs[specs[0]])
   os.makedirs(workdir, exist_ok=True)
   rows, ks = [], [int(k) for k in config.ks]
   for i, spec in enumerate(specs):
