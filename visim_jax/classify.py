@@ -43,6 +43,9 @@ def classify(backbone, paths: Sequence[str], top: int = 5, demo: bool = False, s
     files.extend(images_lib.list_images(p) if os.path.isdir(p) else [p])
   if not files and not demo:
     raise UserError('classify: give image files or folders, or --demo')
+  missing = [p for p in files if not os.path.isfile(p)]
+  if strict and missing:  # before loading the backbone
+    raise images_lib.ImageError(f'{missing[0]}: image file not found')
   backbone = get_backbone(backbone) if isinstance(backbone, str) else backbone
   items, skipped = [], []
   if demo:
