@@ -58,7 +58,7 @@ def test_concatenated_size_equals_table1(name):
   assert registry.pooled_dim(name) == TABLE[name]['concatenated_size']  # jax.eval_shape, no weights
 
 
-def test_table1_demo_writes_both_tables_offline_and_resumes(tmp_path, demo_root):
+def test_table1_demo_writes_both_tables_offline_and_resumes_a_killed_sweep(tmp_path, demo_root):
   import csv
   import json
   import sys
@@ -72,7 +72,26 @@ def test_table1_demo_writes_both_tables_offline_and_resumes(tmp_path, demo_root)
   c.flip, c.runs, c.epochs, c.checkpoint_every, c.pca_dim, c.adapt_dim, c.ks = False, 2, 6, 3, 16, 32, (1, 5)
   c.sheet_queries = 2
   wd = tmp_path / 'wd'
-  s = visim_main.run(c, str(wd))
+  from visim_jax import runtime
+
+  def kill_in_second_backbone(phase, step, directory):
+    if phase == 'after_save' and 'clip_rn50_tiny' in directory:
+      raise KeyboardInterrupt('simulated kill')
+  runtime.FAULT_HOOK = kill_in_second_backbone
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      visim_main.run(c, str(wd))
+  finally:
+    runtime.FAULT_HOOK = None
+  assert (wd / 'efficientnet_lite0' / 'metrics.json').exists() and not (wd / 'clip_rn50_tiny' / 'metrics.json').exists()
+  calls = []
+  orig = adapt.run
+  try:  # the rerun reads the finished backbone back and resumes the killed one at its checkpoint
+    adapt.run = lambda cfg, w, *a, **k: calls.append(os.path.basename(w)) or orig(cfg, w, *a, **k)
+    s = visim_main.run(c, str(wd))
+  finally:
+    adapt.run = orig
+  assert calls == ['clip_rn50_tiny', 'resnet18_tiny']
   specs = ['efficientnet_lite0', 'clip_rn50:tiny', 'resnet18:tiny']
   assert s['backbones'] == specs
   with open(wd / 'table1.csv') as f:
@@ -93,7 +112,6 @@ def test_table1_demo_writes_both_tables_offline_and_resumes(tmp_path, demo_root)
   assert (wd / 'plots' / 'table1.png').stat().st_size > 5000
   # a rerun reads the finished backbones back instead of training them again
   calls = []
-  orig = adapt.run
   try:
     adapt.run = lambda *a, **k: calls.append(a) or orig(*a, **k)
     again = table1.run(c, str(wd), progress=False)
