@@ -145,8 +145,9 @@ def explained_variance(hp: Hparams, feats: Features, pcas: pca_lib.PCA, train_id
   'PCA Variance Sum' (sklearn's explained_variance_ratio_.sum() on the reference's fit vectors)."""
   n = feats.left.shape[0]
   x = _fit_rows(hp, feats)
-  if hp.pca_fit == 'all':
-    return jax.vmap(lambda p: pca_lib.explained_variance_ratio(p, x))(pcas)
+  if hp.pca_fit == 'all':  # one fit shared by every run: computed once
+    ratio = pca_lib.explained_variance_ratio(jax.tree.map(lambda a: a[0], pcas), x)
+    return jnp.broadcast_to(ratio, pcas.mean.shape[:1])
   return jax.vmap(lambda p, tr: pca_lib.explained_variance_ratio(p, x, _fit_mask(n, x.shape[0], tr)))(
       pcas, train_idx)
 
