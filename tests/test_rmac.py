@@ -3,7 +3,6 @@ R-MAC chain (region MAC, L2, PCA-whitening, L2, sum, L2); region counts per leve
 with shape buckets through a tiny random VGG16."""
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

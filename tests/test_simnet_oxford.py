@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from visim_jax import main as main_lib  # noqa: F401  (the entry point's imports stay importable)
-
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -40,7 +40,7 @@ def test_parity_with_pytorch_tiny(tmp_path):
   variables = vgg.convert_state_dict(loaded, blocks)
   x = np.random.RandomState(0).randn(2, 3, 37, 53).astype(np.float32)  # odd sizes: floor pooling
   with torch.no_grad():
-    feats, taps, h = {}, {}, torch.from_numpy(x)
+    taps, h = {}, torch.from_numpy(x)
     names = iter(vgg.STAGES[:5])
     for i, layer in enumerate(ref.features):
       h = layer(h)
