@@ -107,6 +107,10 @@ def test_changed_config_or_data_is_refused_before_anything_is_written(tmp_path, 
     train(tmp_path, lr=0.2)
   with pytest.raises(UserError, match=r'the data \(features\) differ'):
     train(tmp_path, data=(1.0, 3.0))
+  fp = runtime.fingerprint({'lr': 0.2}, [np.asarray((1.0, 2.0))])
+  with pytest.raises(UserError, match='different config'):  # even a run that would not checkpoint
+    with runtime.Run(str(tmp_path), {'lr': 0.2}, fp, checkpoint=False, progress=False):
+      pass
   assert {n: open(tmp_path / n).read() for n in before} == before
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['2', '4']
 

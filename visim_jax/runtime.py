@@ -213,7 +213,9 @@ class Run:
       self._lock_fd = None
 
   def _check_fingerprint(self) -> None:
-    if not self.ckpt_dir or not _steps_on_disk(self.ckpt_dir):
+    # checked whenever checkpoints are on disk, even for a run that does not checkpoint: it rewrites
+    # fingerprint.json, which must keep describing the checkpoints beside it
+    if not _steps_on_disk(os.path.join(self.workdir, 'checkpoints')):
       return
     fp_file = os.path.join(self.workdir, 'fingerprint.json')
     try:
