@@ -41,6 +41,17 @@ def documented_modes():
 MODES = documented_modes()
 
 
+@pytest.fixture(scope='module', autouse=True)
+def one_backbone_load():
+  """Each backbone's weights are loaded once for the whole module (the modes only need its shapes)."""
+  import functools
+  from visim_jax.backbones import registry
+  mp = pytest.MonkeyPatch()
+  mp.setattr(registry, 'get_backbone', functools.lru_cache(maxsize=None)(registry.get_backbone))
+  yield
+  mp.undo()
+
+
 def test_every_config_documents_its_run_command():
   for f in sorted(os.listdir(CONFIGS)):
     if f.endswith('.py'):
