@@ -26,3 +26,13 @@ def lite0():
 def demo_root(tmp_path_factory):
   from visim_jax.data import demo
   return demo.demo_pairs(str(tmp_path_factory.mktemp('demo')), n_pairs=192, seed=0)
+
+
+@pytest.fixture(autouse=True)
+def no_fault_hook_leaks():
+  """A test that sets visim_jax.runtime.FAULT_HOOK (fault injection) never leaves it set for the next test."""
+  yield
+  import sys
+  runtime = sys.modules.get('visim_jax.runtime')
+  if runtime is not None:
+    runtime.FAULT_HOOK = None
