@@ -152,6 +152,7 @@ def test_features_file_without_flip_arrays_runs_without_the_flip_view(tmp_path, 
   assert on_disk['flip_note'] == m['flip_note']
   # backbone options do not apply to precomputed features: they are not recorded as if used
   assert 'backbone' not in on_disk['config'] and 'backbone' not in json.load(open(tmp_path / 'w' / 'config.json'))
+  assert 'data_dir' not in on_disk['config'] and 'demo' not in on_disk['config']
 
 
 def test_demo_end_to_end_adapted_beats_raw(tmp_path, demo_root):

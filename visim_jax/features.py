@@ -355,10 +355,14 @@ def select_source(config):
   return config
 
 
+IMAGE_SOURCE_FIELDS = ('data_dir', 'subset', 'demo')
+
+
 def recorded_config(config, uses_backbone: bool) -> dict:
-  """The config as a run records it: without the backbone fields when the source is precomputed features."""
+  """The config as a run records it: without the backbone and image-source fields when the source is
+  precomputed features (or random vectors): options that do not apply are not recorded as if used."""
   d = config.to_dict()
   if not uses_backbone:
-    for k in BACKBONE_FIELDS:
+    for k in BACKBONE_FIELDS + IMAGE_SOURCE_FIELDS:
       d.pop(k, None)
   return d
