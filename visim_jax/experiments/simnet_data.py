@@ -17,7 +17,6 @@ from visim_jax.data import classes as classes_lib
 from visim_jax.data import npz
 from visim_jax.data import pairs as pairs_lib
 from visim_jax.errors import UserError
-from visim_jax.experiments import simnet_run
 
 
 def _extract(config, groups, progress, n_fit):
@@ -136,12 +135,12 @@ def prepare(config, progress):
            'extra': {'n_images': int(len(x)), 'n_classes': desc.pop('n_classes'), 'n_train': int(len(tr)),
                      'n_test': int(len(te)), 'split': config.split}}
     if config.retrieval.gt:
-      r = simnet_run.load_retrieval_eval(config, x.shape[1])
+      r = load_retrieval_eval(config, x.shape[1])
       db, q = transform(config, x[tr], r['database'], r['queries'])
       out['retrieval'] = {'database': db, 'queries': q, 'gt': r['gt']}
     if config.retrieval.roots:
       out['retrieval_sets'] = {}
-      for r in simnet_run.load_retrieval_sets(config, progress):
+      for r in load_retrieval_sets(config, progress):
         db, q = transform(config, x[tr], r['database'], r['queries'])
         out['retrieval_sets'][r['name']] = {'database': db, 'queries': q, 'gt': r['gt']}
     return out
@@ -153,3 +152,38 @@ def prepare(config, progress):
                                      right[te])
   return {'dim': l_tr.shape[1], 'fp': [left, right, tr], 'desc': desc, 'train': {'a': l_tr, 'b': r_tr},
           'test': (l_te, r_te), 'extra': {'n_pairs': n, 'n_train': n_train, 'n_test': n - n_train}}
+
+
+# ------------------------------------------------------------------------- Oxford / Paris evaluation sets
+
+def load_retrieval_eval(config, dim):
+  from visim_jax.data import retrieval as retrieval_data
+  path = config.retrieval.features
+  z = npz.read_arrays(path, ('database', 'queries'), ('imlist',), field='config.retrieval.features')
+  db, q = z['database'].astype(np.float32), z['queries'].astype(np.float32)
+  imlist = [str(n) for n in z['imlist']] if 'imlist' in z else None
+  for name, a in (('database', db), ('queries', q)):
+    if a.ndim != 2 or a.shape[1] != dim:
+      raise UserError(f'config.retrieval.features: {path}: {name} is {a.shape}, expected (N, {dim}) like the '
+                      'training features')
+    npz.check_features(a, f'config.retrieval.features: {path}', what=name)
+  gt = retrieval_data.load_gt(config.retrieval.gt, imlist)
+  if len(gt.imlist) != len(db) or len(gt) != len(q):
+    raise UserError(f'config.retrieval: ground truth has {len(gt.imlist)} images / {len(gt)} queries, features '
+                    f'{len(db)} / {len(q)}')
+  return {'database': db, 'queries': q, 'gt': gt}
+
+
+def load_retrieval_sets(config, progress=True) -> list[dict]:
+  """config.retrieval.roots -> [{'name', 'database', 'queries', 'gt'}]: R-MAC of every database image and of every
+  query cropped to its box (data/retrieval.py folders), with the run's backbone, whitening and cache."""
+  from visim_jax.data import retrieval as retrieval_data
+  backbone, _ = features_lib.build(config)
+  out = []
+  for root in [r.strip() for r in config.retrieval.roots.split(',') if r.strip()]:
+    ds = retrieval_data.load_retrieval_set(root)
+    db = features_lib.rmac_features(config, backbone, ds.image_paths, tag=f'{ds.name}-db', progress=progress)
+    q = features_lib.rmac_features(config, backbone, ds.query_paths, bboxes=ds.gt.bboxes, tag=f'{ds.name}-queries',
+                                   progress=progress)
+    out.append({'name': ds.name, 'database': db, 'queries': q, 'gt': ds.gt})
+  return out

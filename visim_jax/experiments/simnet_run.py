@@ -17,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from visim_jax import report, runtime, simnet
-from visim_jax.data import npz
 from visim_jax.errors import UserError
 from visim_jax.metrics import map as map_lib
 from visim_jax.metrics import retrieval as retrieval_metrics
@@ -188,40 +187,6 @@ def evaluate(config, params, d, stats) -> dict:
     s, cos = np.asarray(s), np.asarray(cos)
     stats['scatter'] = (cos.ravel(), s.ravel(), np.eye(len(s), dtype=bool).ravel())
   return m
-
-
-def load_retrieval_eval(config, dim):
-  from visim_jax.data import retrieval as retrieval_data
-  path = config.retrieval.features
-  z = npz.read_arrays(path, ('database', 'queries'), ('imlist',), field='config.retrieval.features')
-  db, q = z['database'].astype(np.float32), z['queries'].astype(np.float32)
-  imlist = [str(n) for n in z['imlist']] if 'imlist' in z else None
-  for name, a in (('database', db), ('queries', q)):
-    if a.ndim != 2 or a.shape[1] != dim:
-      raise UserError(f'config.retrieval.features: {path}: {name} is {a.shape}, expected (N, {dim}) like the '
-                      'training features')
-    npz.check_features(a, f'config.retrieval.features: {path}', what=name)
-  gt = retrieval_data.load_gt(config.retrieval.gt, imlist)
-  if len(gt.imlist) != len(db) or len(gt) != len(q):
-    raise UserError(f'config.retrieval: ground truth has {len(gt.imlist)} images / {len(gt)} queries, features '
-                    f'{len(db)} / {len(q)}')
-  return {'database': db, 'queries': q, 'gt': gt}
-
-
-def load_retrieval_sets(config, progress=True) -> list[dict]:
-  """config.retrieval.roots -> [{'name', 'database', 'queries', 'gt'}]: R-MAC of every database image and of every
-  query cropped to its box (data/retrieval.py folders), with the run's backbone, whitening and cache."""
-  from visim_jax import features as features_lib
-  from visim_jax.data import retrieval as retrieval_data
-  backbone, _ = features_lib.build(config)
-  out = []
-  for root in [r.strip() for r in config.retrieval.roots.split(',') if r.strip()]:
-    ds = retrieval_data.load_retrieval_set(root)
-    db = features_lib.rmac_features(config, backbone, ds.image_paths, tag=f'{ds.name}-db', progress=progress)
-    q = features_lib.rmac_features(config, backbone, ds.query_paths, bboxes=ds.gt.bboxes, tag=f'{ds.name}-queries',
-                                   progress=progress)
-    out.append({'name': ds.name, 'database': db, 'queries': q, 'gt': ds.gt})
-  return out
 
 
 def evaluate_oxford_paris(params, arrays, ks, score_kw):
