@@ -89,12 +89,3 @@ class ScalarWriter:
 
 def metric_writer(workdir: str) -> ScalarWriter:
   return ScalarWriter(os.path.join(workdir, 'tensorboard'))
-
-
-def write_scalars_series(workdir: str, series: Mapping[str, Sequence[float]], step0: int = 1) -> None:
-  """Writes {name: values over steps} as TensorBoard scalars (one event per step)."""
-  writer = metric_writer(workdir)
-  n = max((len(v) for v in series.values()), default=0)
-  for t in range(n):
-    writer.write_scalars(step0 + t, {k: float(v[t]) for k, v in series.items() if t < len(v)})
-  writer.close()
