@@ -278,6 +278,8 @@ def test_cli_user_errors_are_one_line(tmp_path):
   assert r.returncode == 1 and r.stderr.strip().splitlines() == [
       f'error: {tmp_path}/checkpoints: no checkpoints folder (was config.checkpoint False? then the experiment '
       'wrote adapter.npz itself)']
+  r = _cli('visim_jax.search', f'--folder={tmp_path}', '--query=all', '--bogus=1')
+  assert r.returncode == 1 and r.stderr.strip().splitlines() == ["error: Unknown command line flag 'bogus'"]
   r = _cli('visim_jax.classify', str(tmp_path / 'missing.jpg'), '--strict')
   assert r.returncode == 1 and r.stderr.strip().splitlines() == [f'error: {tmp_path / "missing.jpg"}: image file not found']
   assert 'Traceback' not in r.stderr

@@ -71,18 +71,15 @@ def classify(backbone, paths: Sequence[str], top: int = 5, demo: bool = False, s
 
 def main(argv):
   from absl import flags
-  from visim_jax import errors, report
+  from visim_jax import report
   f = flags.FLAGS
-  try:
-    out = classify(f.backbone, argv[1:], f.top, f.demo, f.strict)
-    if f.out:
-      try:
-        report.write_json(f.out, out)
-      except OSError as e:
-        from visim_jax import runtime
-        raise runtime.os_error(e, f.out, 'writing --out') from e
-  except (UserError, OSError) as e:
-    errors.report_and_exit(e, verbose=f.verbosity >= 1)
+  out = classify(f.backbone, argv[1:], f.top, f.demo, f.strict)
+  if f.out:
+    try:
+      report.write_json(f.out, out)
+    except OSError as e:
+      from visim_jax import runtime
+      raise runtime.os_error(e, f.out, 'writing --out') from e
   for r in out['images']:
     print(os.path.basename(r['image']))
     for c in r['classes']:
@@ -103,6 +100,6 @@ def _define_flags():  # only when run as a program: importing classify defines n
 
 
 if __name__ == '__main__':
-  from absl import app
+  from visim_jax import errors
   _define_flags()
-  app.run(main)
+  errors.run(main)  # user errors and bad flags as one line `error: ...`, exit 1

@@ -207,18 +207,14 @@ def from_workdir(workdir: str, run: int = 0, out: str | None = None, sigma: int 
 # ---------------------------------------------------------------------------------------------- the CLI
 
 def main(argv):
-  from absl import app, flags
-  from visim_jax import errors
+  from absl import flags
   if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+    raise UserError(f'unexpected arguments {argv[1:]}: the flags are --workdir, --run, --sigma_index, --out')
   f = flags.FLAGS
-  try:
-    if not f.workdir:
-      raise UserError('--workdir: required: the adaptation workdir holding checkpoints/')
-    path = from_workdir(f.workdir, f.run, f.out, f.sigma_index)
-    ad = load_adapter(path)
-  except (UserError, OSError) as e:
-    errors.report_and_exit(e, verbose=f.verbosity >= 1)
+  if not f.workdir:
+    raise UserError('--workdir: required: the adaptation workdir holding checkpoints/')
+  path = from_workdir(f.workdir, f.run, f.out, f.sigma_index)
+  ad = load_adapter(path)
   print(f'{path}: {ad.in_dim} -> {ad.components.shape[1]} (PCA) -> {ad.out_dim}, backbone {ad.meta["backbone"]}')
 
 
@@ -231,6 +227,6 @@ def _define_flags():  # only when run as a program: importing export defines no 
 
 
 if __name__ == '__main__':
-  from absl import app
+  from visim_jax import errors
   _define_flags()
-  app.run(main)
+  errors.run(main)  # user errors and bad flags as one line `error: ...`, exit 1

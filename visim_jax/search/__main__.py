@@ -1,6 +1,6 @@
 """python -m visim_jax.search --folder=F --query=all|FILES [--adapter=A] [...]: see visim_jax/search/__init__.py
 and docs/search.md. User errors end with one line `error: <flag or file>: <what to do>` on stderr, exit 1."""
-from absl import app, flags
+from absl import flags
 
 from visim_jax import errors
 from visim_jax.search import folder
@@ -28,16 +28,13 @@ _STRICT = flags.DEFINE_bool('strict', False, 'Abort on the first image that cann
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]} (several query files: --query=a.jpg,b.jpg)')
-  try:
-    if not _FOLDER.value:
-      raise errors.UserError('--folder: required: the folder of images to index')
-    folder.run(_FOLDER.value, _QUERY.value, _ADAPTER.value, _BACKBONE.value, _LAYERS.value, _K.value, _OUT.value,
-               _CACHE.value, _BATCH.value, _DTYPE.value, _INDEX_DTYPE.value, _BLOCK.value, _QBLOCK.value,
-               _SHEET_Q.value, _SHEET_K.value, tuple(_FORMAT.value), _PROGRESS.value, strict=_STRICT.value)
-  except (errors.UserError, OSError) as e:
-    errors.report_and_exit(e, verbose=flags.FLAGS.verbosity >= 1)
+    raise errors.UserError(f'unexpected arguments {argv[1:]}: several query files go as --query=a.jpg,b.jpg')
+  if not _FOLDER.value:
+    raise errors.UserError('--folder: required: the folder of images to index')
+  folder.run(_FOLDER.value, _QUERY.value, _ADAPTER.value, _BACKBONE.value, _LAYERS.value, _K.value, _OUT.value,
+             _CACHE.value, _BATCH.value, _DTYPE.value, _INDEX_DTYPE.value, _BLOCK.value, _QBLOCK.value,
+             _SHEET_Q.value, _SHEET_K.value, tuple(_FORMAT.value), _PROGRESS.value, strict=_STRICT.value)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  errors.run(main)  # user errors and bad flags as one line `error: ...`, exit 1
