@@ -156,6 +156,6 @@ def test_full_size_members_match_table1():
     n = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes['params']))
     assert n + dims * 1000 + 1000 == n_params, name
     pre = get_backbone(name, abstract=True).preprocess
-    assert (pre.size, pre.resize, pre.interpolation) == (224, 'squash', 'bilinear'), name
+    assert (pre.size, pre.resize, pre.interpolation) == (224, 'squash', 'torch_bilinear'), name
   native = get_backbone('efficientnet_b3', abstract=True, preprocessing='native').preprocess
   assert (native.size, native.resize_to, native.interpolation) == (300, 331, 'bicubic')

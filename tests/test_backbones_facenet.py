@@ -173,7 +173,7 @@ def test_full_size_matches_table1_and_reference_parameters():
   without its classifier; block8 at 5 x 5 for the seed's 224 px, 3 x 3 for facenet's own 160 px."""
   assert registry.pooled_dim('facenet') == 1792
   pre = get_backbone('facenet', abstract=True).preprocess
-  assert (pre.size, pre.resize, pre.interpolation) == (224, 'squash', 'bilinear')
+  assert (pre.size, pre.resize, pre.interpolation) == (224, 'squash', 'torch_bilinear')
   np.testing.assert_allclose(np.array(pre.mean) / 255, (0.485, 0.456, 0.406))
   native = get_backbone('facenet', abstract=True, preprocessing='native').preprocess
   assert (native.size, native.mean, native.std) == (160, (127.5,) * 3, (128.0,) * 3)

@@ -113,7 +113,7 @@ def test_full_size_members_have_table1_sizes_and_the_seed_preprocessing():
     b = get_backbone(name, abstract=True)
     assert b.layers == resnet.DEFAULT_LAYERS
     pre = b.preprocess
-    assert (pre.size, pre.resize, pre.interpolation) == (224, 'squash', 'bilinear')
+    assert (pre.size, pre.resize, pre.interpolation) == (224, 'squash', 'torch_bilinear')
     np.testing.assert_allclose(np.array(pre.mean) / 255, (0.485, 0.456, 0.406))
   # parameter counts = torchvision's without the 1000-class fc (2048 * 1000 + 1000): ResNet-50 25,557,032;
   # ResNeXt-101 32x48d 828,411,176 (~829M in Mahajan et al. 2018), grouped width 1536 in stage 1

@@ -154,7 +154,7 @@ def test_full_size_members_match_table1():
     assert registry.pooled_dim(name) == dims, name
     b = get_backbone(name, abstract=True)
     pre = b.preprocess
-    assert (pre.size, pre.resize, pre.interpolation) == (224, 'squash', 'bilinear'), name
+    assert (pre.size, pre.resize, pre.interpolation) == (224, 'squash', 'torch_bilinear'), name
     np.testing.assert_allclose(np.array(pre.std) / 255, (0.229, 0.224, 0.225))
     shapes = vit.variable_shapes(vit.ARCHS[name])
     assert sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes)) == n, name

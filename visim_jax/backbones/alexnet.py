@@ -20,7 +20,6 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from visim_jax.backbones import resnet
 from visim_jax.backbones import weights as weights_lib
@@ -79,12 +78,7 @@ def _module_path(prefix: str) -> tuple[str, ...]:
 def prepare_state_dict(name: str, sd: dict, where: str, tiny: bool = False) -> tuple[dict, dict]:
   """torchvision AlexNet checkpoint -> the `features.*` tensors (float32); fails unless they fit the network."""
   convs, size = (TINY, TINY_SIZE) if tiny else (CONVS, 224)
-  out = {}
-  for k, v in sd.items():
-    k = k[len('module.'):] if k.startswith('module.') else k
-    if k.startswith('classifier.'):
-      continue
-    out[k] = np.ascontiguousarray(np.asarray(v, np.float32))
+  out = weights_lib.clean_state_dict(sd, drop=('classifier.',))
   weights_lib.check_fits(weights_lib.torch_to_flax(out, _module_path, where), variable_shapes(convs, size), name, where)
   return out, {'architecture': {'convs': [list(c) for c in convs]}}
 
@@ -95,27 +89,12 @@ def alexnet_backbone(name: str = 'alexnet', weights: str | None = None, random_i
   """AlexNet conv part: converted torchvision weights, `random_init=SEED`, `tiny=True`, or `abstract=True`."""
   if name != 'alexnet':
     raise UserError(f'config.backbone: {name!r} is not AlexNet')
-  if weights is not None and random_init is not None:
-    raise UserError(f'config.backbone_kwargs: {name}: weights= and random_init= are exclusive')
   convs, size = (TINY, TINY_SIZE) if tiny else (CONVS, 224)
-  if abstract:
-    variables, weights_id, where = {}, 'abstract', 'no weights: shapes only'
-  elif weights is None and (tiny or random_init is not None):
-    seed = 0 if random_init is None else int(random_init)
-    x = jnp.zeros((1, size, size, 3))
-    variables = weights_lib.random_variables(lambda key: AlexNet(convs).init(key, x), seed)
-    weights_id = f'random:{seed}' + (':tiny' if tiny else '')
-    where = f'random weights, seed {seed}{", tiny config" if tiny else ""}'
-  else:
-    sd, weights_id, where = weights_lib.load_converted(name, weights)
-    variables = weights_lib.torch_to_flax(sd, _module_path, where)
-    weights_lib.check_fits(variables, variable_shapes(convs, size), name, where)
-  if isinstance(layers, str):
-    layers = [l.strip() for l in layers.split(',') if l.strip()]
-  layers = tuple(layers) if layers else DEFAULT_LAYERS
-  unknown = sorted(set(layers) - set(STAGES))
-  if unknown:
-    raise UserError(f'config.layers: {name} has no stage {unknown}; stages: {", ".join(STAGES)}')
+  variables, weights_id, where = weights_lib.family_variables(
+      name, weights=weights, random_init=random_init, tiny=tiny, abstract=abstract, init=AlexNet(convs).init,
+      image_size=size, to_flax=lambda sd, where: weights_lib.torch_to_flax(sd, _module_path, where),
+      shapes=lambda: variable_shapes(convs, size))
+  layers = weights_lib.parse_layers(name, layers, DEFAULT_LAYERS, STAGES)
   return Backbone(
       name=name,
       apply_fn=functools.partial(apply_alexnet_init if abstract else apply_alexnet, convs),

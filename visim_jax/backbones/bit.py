@@ -38,10 +38,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax.backbones import resnet
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
 from visim_jax.errors import UserError
-from visim_jax.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from visim_jax.preprocess import Preprocess
 
 WS_VARIANTS = ('timm0.4.5', 'timm', 'big_transfer')
 
@@ -205,12 +206,7 @@ def prepare_state_dict(name: str, sd: dict, where: str, tiny: bool = False) -> t
       sd = from_big_transfer_npz(sd)
     except KeyError as e:
       raise UserError(f'{where}: not a BiT ResNetV2 .npz (missing {e})') from None
-  out = {}
-  for k, v in sd.items():
-    k = k[len('module.'):] if k.startswith('module.') else k
-    if k.startswith(('head.', 'fc.')):
-      continue
-    out[k] = np.ascontiguousarray(np.asarray(v, np.float32))
+  out = weights_lib.clean_state_dict(sd, drop=('head.', 'fc.'))
   weights_lib.check_fits(weights_lib.torch_to_flax(out, _module_path, where), variable_shapes(arch), name, where)
   return out, {'architecture': dataclasses.asdict(arch), 'timm_name': MEMBERS[name][1]}
 
@@ -224,7 +220,7 @@ def _arch(name: str, tiny: bool) -> Arch:
 
 def make_preprocess(kind: str = 'seed', size: int = 224) -> Preprocess:
   if kind == 'seed':
-    return Preprocess(size=size, resize='squash', mean=IMAGENET_MEAN, std=IMAGENET_STD, interpolation='bilinear')
+    return resnet.preprocess(size)  # the seed's default transform (one copy)
   if kind == 'bit':
     return Preprocess(size=size, resize='squash', mean=(127.5,) * 3, std=(127.5,) * 3, interpolation='bilinear')
   raise UserError(f"config.backbone_kwargs.preprocess: 'seed' or 'bit', got {kind!r}")
@@ -240,26 +236,11 @@ def bit_backbone(name: str, weights: str | None = None, random_init: int | None 
     raise UserError(f'config.backbone_kwargs.weight_standardization: one of {WS_VARIANTS}, got '
                     f'{weight_standardization!r}')
   pre = make_preprocess(preprocess, arch.image_size)
-  if weights is not None and random_init is not None:
-    raise UserError(f'config.backbone_kwargs: {name}: weights= and random_init= are exclusive')
-  if abstract:
-    variables, weights_id, where = {}, 'abstract', 'no weights: shapes only'
-  elif weights is None and (tiny or random_init is not None):
-    seed = 0 if random_init is None else int(random_init)
-    x = jnp.zeros((1, arch.image_size, arch.image_size, 3))
-    variables = weights_lib.random_variables(lambda key: ResNetV2(arch).init(key, x), seed)
-    weights_id = f'random:{seed}' + (':tiny' if tiny else '')
-    where = f'random weights, seed {seed}{", tiny config" if tiny else ""}'
-  else:
-    sd, weights_id, where = weights_lib.load_converted(name, weights)
-    variables = weights_lib.torch_to_flax(sd, _module_path, where)
-    weights_lib.check_fits(variables, variable_shapes(arch), name, where)
-  if isinstance(layers, str):
-    layers = [l.strip() for l in layers.split(',') if l.strip()]
-  layers = tuple(layers) if layers else DEFAULT_LAYERS
-  unknown = sorted(set(layers) - set(STAGES))
-  if unknown:
-    raise UserError(f'config.layers: {name} has no stage {unknown}; stages: {", ".join(STAGES)}')
+  variables, weights_id, where = weights_lib.family_variables(
+      name, weights=weights, random_init=random_init, tiny=tiny, abstract=abstract, init=ResNetV2(arch).init,
+      image_size=arch.image_size, to_flax=lambda sd, where: weights_lib.torch_to_flax(sd, _module_path, where),
+      shapes=lambda: variable_shapes(arch))
+  layers = weights_lib.parse_layers(name, layers, DEFAULT_LAYERS, STAGES)
   apply = apply_bit_init if abstract else apply_bit
   return Backbone(
       name=name,

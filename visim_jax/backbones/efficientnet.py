@@ -42,7 +42,6 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
@@ -248,12 +247,7 @@ def prepare_state_dict(name: str, sd: dict, where: str, tiny: bool = False) -> t
   same keys and shapes but need TF 'SAME' padding and BatchNorm eps 1e-3: they cannot be told apart here, so
   convert the gen-efficientnet / timm `efficientnet_bN` file the seed code used."""
   arch = _arch(name, tiny)
-  out = {}
-  for k, v in sd.items():
-    k = k[len('module.'):] if k.startswith('module.') else k
-    if k.startswith('classifier.') or k.endswith('num_batches_tracked'):
-      continue
-    out[k] = np.ascontiguousarray(np.asarray(v, np.float32))
+  out = weights_lib.clean_state_dict(sd, drop=('classifier.',))
   weights_lib.check_fits(to_flax(out, where), variable_shapes(arch), name, where)
   return out, {'architecture': dataclasses.asdict(arch)}
 
@@ -270,26 +264,10 @@ def efficientnet(name: str, weights: str | None = None, random_init: int | None 
   """A registered EfficientNet B0-B3: converted weights (offline), `random_init=SEED`, `tiny=True`, or
   `abstract=True` (no weights: for jax.eval_shape size checks)."""
   arch = _arch(name, tiny)
-  if weights is not None and random_init is not None:
-    raise UserError(f'config.backbone_kwargs: {name}: weights and random_init are exclusive; set one')
-  if abstract:
-    variables, weights_id, where = {}, 'abstract', 'no weights: shapes only'
-  elif weights is None and (tiny or random_init is not None):
-    seed = 0 if random_init is None else int(random_init)
-    x = jnp.zeros((1, TINY_SIZE, TINY_SIZE, 3))
-    variables = weights_lib.random_variables(lambda key: EfficientNet(arch).init(key, x), seed)
-    weights_id = f'random:{seed}' + (':tiny' if tiny else '')
-    where = f'random weights, seed {seed}{", tiny config" if tiny else ""}'
-  else:
-    sd, weights_id, where = weights_lib.load_converted(name, weights)
-    variables = to_flax(sd, where)
-    weights_lib.check_fits(variables, variable_shapes(arch), name, where)
-  if isinstance(layers, str):
-    layers = [l.strip() for l in layers.split(',') if l.strip()]
-  layers = tuple(layers) if layers else DEFAULT_LAYERS
-  unknown = set(layers) - ({'stem', 'head'} | {f'block{i}' for i in range(1, 8)})
-  if unknown:
-    raise UserError(f'config.layers: {sorted(unknown)} not among the {name} stages (stem, block1..block7, head)')
+  variables, weights_id, where = weights_lib.family_variables(
+      name, weights=weights, random_init=random_init, tiny=tiny, abstract=abstract, init=EfficientNet(arch).init,
+      image_size=TINY_SIZE, to_flax=to_flax, shapes=lambda: variable_shapes(arch))
+  layers = weights_lib.parse_layers(name, layers, DEFAULT_LAYERS, ['stem'] + [f'block{i}' for i in range(1, 8)] + ['head'])
   return Backbone(
       name=name,
       apply_fn=functools.partial(apply_efficientnet_init if abstract else apply_efficientnet, arch),

@@ -40,7 +40,6 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from visim_jax import ops
 from visim_jax.backbones import weights as weights_lib
@@ -251,12 +250,7 @@ def prepare_state_dict(name: str, sd: dict, where: str, tiny: bool = False) -> t
   Drops 'module.' prefixes, the VGGFace2 / CASIA identity classifier (`logits.*`) and `num_batches_tracked`;
   fails, naming the file, unless the rest fits the architecture exactly."""
   arch = TINY if tiny else FULL
-  out = {}
-  for k, v in sd.items():
-    k = k[len('module.'):] if k.startswith('module.') else k
-    if k.startswith('logits.') or k.endswith('num_batches_tracked'):
-      continue
-    out[k] = np.ascontiguousarray(np.asarray(v, np.float32))
+  out = weights_lib.clean_state_dict(sd, drop=('logits.',))
   weights_lib.check_fits(to_flax(out, where), variable_shapes(arch), name, where)
   return out, {'architecture': dataclasses.asdict(arch)}
 
@@ -266,27 +260,12 @@ def facenet(name: str = 'facenet', weights: str | None = None, random_init: int 
             abstract: bool = False) -> Backbone:
   """`facenet`: converted VGGFace2 weights (offline), `random_init=SEED`, `tiny=True` (random, tiny config), or
   `abstract=True` (no weights: for jax.eval_shape size checks)."""
-  if weights is not None and random_init is not None:
-    raise UserError(f'config.backbone_kwargs: {name}: weights and random_init are exclusive; set one')
   arch = TINY if tiny else FULL
-  if abstract:
-    variables, weights_id, where = {}, 'abstract', 'no weights: shapes only'
-  elif weights is None and (tiny or random_init is not None):
-    seed = 0 if random_init is None else int(random_init)
-    x = jnp.zeros((1, arch.image_size, arch.image_size, 3))
-    variables = weights_lib.random_variables(lambda key: InceptionResnetV1(arch).init(key, x), seed)
-    weights_id = f'random:{seed}' + (':tiny' if tiny else '')
-    where = f'random weights, seed {seed}{", tiny config" if tiny else ""}'
-  else:
-    sd, weights_id, where = weights_lib.load_converted(name, weights)
-    variables = to_flax(sd, where)
-    weights_lib.check_fits(variables, variable_shapes(arch), name, where)
-  if isinstance(layers, str):
-    layers = [l.strip() for l in layers.split(',') if l.strip()]
-  layers = tuple(layers) if layers else DEFAULT_LAYERS
-  unknown = set(layers) - set(STAGES)
-  if unknown:
-    raise UserError(f'config.layers: {sorted(unknown)} not among the {name} stages ({", ".join(STAGES)})')
+  variables, weights_id, where = weights_lib.family_variables(
+      name, weights=weights, random_init=random_init, tiny=tiny, abstract=abstract,
+      init=InceptionResnetV1(arch).init, image_size=arch.image_size, to_flax=to_flax,
+      shapes=lambda: variable_shapes(arch))
+  layers = weights_lib.parse_layers(name, layers, DEFAULT_LAYERS, STAGES)
   return Backbone(
       name=name,
       apply_fn=functools.partial(apply_facenet_init if abstract else apply_facenet, arch),

@@ -30,7 +30,6 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
@@ -90,8 +89,9 @@ def tiny_arch(arch: Arch) -> Arch:
 
 
 def preprocess(size: int = 224) -> Preprocess:
-  """The seed code's default transform: squash to size x size (bilinear), ImageNet mean/std."""
-  return Preprocess(size=size, resize='squash', mean=IMAGENET_MEAN, std=IMAGENET_STD, interpolation='bilinear')
+  """The seed code's default transform (featuresExtractor/transforms.py: ToTensor, Resize([224, 224]) on the float
+  tensor, Normalize): squash to size x size with torch's non-antialiased bilinear kernel, ImageNet mean/std."""
+  return Preprocess(size=size, resize='squash', mean=IMAGENET_MEAN, std=IMAGENET_STD, interpolation='torch_bilinear')
 
 
 def _conv(features, kernel, stride, name, groups=1, dtype=jnp.float32):
@@ -183,12 +183,7 @@ def prepare_state_dict(name: str, sd: dict, where: str, tiny: bool = False) -> t
   rest fits NAME's architecture exactly.
   """
   arch = _arch(name, tiny)
-  out = {}
-  for k, v in sd.items():
-    k = k[len('module.'):] if k.startswith('module.') else k
-    if k.startswith('fc.') or k.endswith('num_batches_tracked'):
-      continue
-    out[k] = np.ascontiguousarray(np.asarray(v, np.float32))
+  out = weights_lib.clean_state_dict(sd, drop=('fc.',))
   weights_lib.check_fits(weights_lib.torch_to_flax(out, _module_path, where), variable_shapes(arch), name, where)
   return out, {'architecture': dataclasses.asdict(arch)}
 
@@ -206,26 +201,11 @@ def resnet_backbone(name: str, weights: str | None = None, random_init: int | No
   `abstract=True` (no weights: for jax.eval_shape size checks, e.g. `layer_dims`; running it would use a random
   init)."""
   arch = _arch(name, tiny)
-  if weights is not None and random_init is not None:
-    raise UserError(f'config.backbone_kwargs: {name}: weights= and random_init= are exclusive')
-  if abstract:
-    variables, weights_id, where = {}, 'abstract', 'no weights: shapes only'
-  elif weights is None and (tiny or random_init is not None):
-    seed = 0 if random_init is None else int(random_init)
-    x = jnp.zeros((1, arch.image_size, arch.image_size, 3))
-    variables = weights_lib.random_variables(lambda key: ResNet(arch).init(key, x), seed)
-    weights_id = f'random:{seed}' + (':tiny' if tiny else '')
-    where = f'random weights, seed {seed}{", tiny config" if tiny else ""}'
-  else:
-    sd, weights_id, where = weights_lib.load_converted(name, weights)
-    variables = weights_lib.torch_to_flax(sd, _module_path, where)
-    weights_lib.check_fits(variables, variable_shapes(arch), name, where)
-  if isinstance(layers, str):
-    layers = [l.strip() for l in layers.split(',') if l.strip()]
-  layers = tuple(layers) if layers else DEFAULT_LAYERS
-  unknown = sorted(set(layers) - set(STAGES))
-  if unknown:
-    raise UserError(f'config.layers: {name} has no stage {unknown}; stages: {", ".join(STAGES)}')
+  variables, weights_id, where = weights_lib.family_variables(
+      name, weights=weights, random_init=random_init, tiny=tiny, abstract=abstract, init=ResNet(arch).init,
+      image_size=arch.image_size, to_flax=lambda sd, where: weights_lib.torch_to_flax(sd, _module_path, where),
+      shapes=lambda: variable_shapes(arch))
+  layers = weights_lib.parse_layers(name, layers, DEFAULT_LAYERS, STAGES)
   return Backbone(
       name=name,
       apply_fn=functools.partial(apply_resnet_init if abstract else apply_resnet, arch),

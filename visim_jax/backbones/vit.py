@@ -203,13 +203,7 @@ def prepare_state_dict(name: str, sd: dict, where: str, tiny: bool = False) -> t
   Drops a leading 'module.' / 'backbone.' (DINO training wrappers) and timm's ImageNet head (`head.*`); fails,
   naming the file, unless the rest fits NAME's architecture exactly."""
   arch = _arch(name, tiny)
-  out = {}
-  for k, v in sd.items():
-    for prefix in ('module.', 'backbone.'):
-      k = k[len(prefix):] if k.startswith(prefix) else k
-    if k.startswith('head.'):
-      continue
-    out[k] = np.ascontiguousarray(np.asarray(v, np.float32))
+  out = weights_lib.clean_state_dict(sd, drop=('head.',), prefixes=('module.', 'backbone.'))
   weights_lib.check_fits(to_flax(out, where), variable_shapes(arch), name, where)
   return out, {'architecture': dataclasses.asdict(arch)}
 
@@ -226,28 +220,12 @@ def vit_backbone(name: str, weights: str | None = None, random_init: int | None 
   """A registered ViT: converted weights (offline), `random_init=SEED`, `tiny=True` (random, tiny config), or
   `abstract=True` (no weights: for jax.eval_shape size checks)."""
   arch = _arch(name, tiny)
-  if weights is not None and random_init is not None:
-    raise UserError(f'config.backbone_kwargs: {name}: weights and random_init are exclusive; set one')
-  if abstract:
-    variables, weights_id, where = {}, 'abstract', 'no weights: shapes only'
-  elif weights is None and (tiny or random_init is not None):
-    seed = 0 if random_init is None else int(random_init)
-    x = jnp.zeros((1, arch.image_size, arch.image_size, 3))
-    variables = weights_lib.random_variables(lambda key: VisionTransformer(arch).init(key, x), seed)
-    weights_id = f'random:{seed}' + (':tiny' if tiny else '')
-    where = f'random weights, seed {seed}{", tiny config" if tiny else ""}'
-  else:
-    sd, weights_id, where = weights_lib.load_converted(name, weights)
-    variables = to_flax(sd, where)
-    weights_lib.check_fits(variables, variable_shapes(arch), name, where)
-  if isinstance(layers, str):
-    layers = [l.strip() for l in layers.split(',') if l.strip()]
-  layers = tuple(layers) if layers else DEFAULT_LAYERS
-  known = {'embeddings', 'pooled'} | {f'block{i + 1}' for i in range(arch.depth)}
-  unknown = set(layers) - known
-  if unknown:
-    raise UserError(f'config.layers: {sorted(unknown)} not among the {name} stages (embeddings, '
-                    f'block1..block{arch.depth}, pooled)')
+  variables, weights_id, where = weights_lib.family_variables(
+      name, weights=weights, random_init=random_init, tiny=tiny, abstract=abstract,
+      init=VisionTransformer(arch).init, image_size=arch.image_size, to_flax=to_flax,
+      shapes=lambda: variable_shapes(arch))
+  stages = ['embeddings'] + [f'block{i + 1}' for i in range(arch.depth)] + ['pooled']
+  layers = weights_lib.parse_layers(name, layers, DEFAULT_LAYERS, stages)
   return Backbone(
       name=name,
       apply_fn=functools.partial(apply_vit_init if abstract else apply_vit, arch),

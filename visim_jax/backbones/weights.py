@@ -235,3 +235,55 @@ def check_fits(variables: dict, expected: dict, name: str, where: str) -> None:
     from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
     raise UserError(f'{where}: the weights do not fit {name}: missing {missing}, unexpected {extra}, '
                     f'shapes {shape}; convert the checkpoint of {name} with `{convert_command(name)}`')
+
+
+def clean_state_dict(sd: dict, drop: tuple[str, ...] = (), prefixes: tuple[str, ...] = ('module.',)) -> dict:
+  """A raw checkpoint's tensors as float32 contiguous arrays under their own names: leading `prefixes` (training
+  wrappers: DataParallel 'module.', DINO 'backbone.') stripped, keys starting with any of `drop` (classifier heads)
+  and BatchNorm's `num_batches_tracked` counters left out."""
+  out = {}
+  for k, v in sd.items():
+    for prefix in prefixes:
+      k = k[len(prefix):] if k.startswith(prefix) else k
+    if (drop and k.startswith(tuple(drop))) or k.endswith('num_batches_tracked'):
+      continue
+    out[k] = np.ascontiguousarray(np.asarray(v, np.float32))
+  return out
+
+
+def family_variables(name: str, *, weights: str | None, random_init: int | None, tiny: bool, abstract: bool,
+                     init, image_size: int, to_flax, shapes) -> tuple[dict, str, str]:
+  """(variables, weights_id, where) of a converted-weights family member, the one way every family builds them.
+
+  abstract: no weights ({}: shapes only, for jax.eval_shape size look-ups); tiny / random_init (and no weights):
+  random weights of `init(key, x)` for an (1, image_size, image_size, 3) input; else the converted file of NAME
+  (load_converted: offline, sha256 sidecar checked), mapped by `to_flax(tensors, where)` and checked against
+  `shapes()` (the eval_shape'd variable tree), failing with the convert command.
+  """
+  from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+  if weights is not None and random_init is not None:
+    raise UserError(f'config.backbone_kwargs: {name}: weights= and random_init= are exclusive; set one')
+  if abstract:
+    return {}, 'abstract', 'no weights: shapes only'
+  if weights is None and (tiny or random_init is not None):
+    seed = 0 if random_init is None else int(random_init)
+    x = jax.numpy.zeros((1, image_size, image_size, 3))
+    variables = random_variables(lambda key: init(key, x), seed)
+    return (variables, f'random:{seed}' + (':tiny' if tiny else ''),
+            f'random weights, seed {seed}{", tiny config" if tiny else ""}')
+  sd, weights_id, where = load_converted(name, weights)
+  variables = to_flax(sd, where)
+  check_fits(variables, shapes(), name, where)
+  return variables, weights_id, where
+
+
+def parse_layers(name: str, layers, default: tuple[str, ...], stages) -> tuple[str, ...]:
+  """config.layers ('a,b' or a sequence; empty: `default`) checked against the family's `stages`."""
+  from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+  if isinstance(layers, str):
+    layers = [l.strip() for l in layers.split(',') if l.strip()]
+  layers = tuple(layers) if layers else tuple(default)
+  unknown = sorted(set(layers) - set(stages))
+  if unknown:
+    raise UserError(f'config.layers: {name} has no stage {unknown}; stages: {", ".join(stages)}')
+  return layers
