@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from visim_jax import ops
+
 
 def init(key: jax.Array, in_dim: int = 256, out_dim: int = 1024) -> dict:
   bound = 1.0 / jnp.sqrt(in_dim)
@@ -30,8 +32,7 @@ def adapt(params: dict, d: jax.Array, dtype=jnp.float32) -> jax.Array:
 
 def cosine_logits(a_left: jax.Array, a_right: jax.Array, sigma: float, eps: float = 1e-8,
                   dtype=jnp.float32) -> jax.Array:
-  l = a_left / jnp.maximum(jnp.linalg.norm(a_left, axis=-1, keepdims=True), eps)
-  r = a_right / jnp.maximum(jnp.linalg.norm(a_right, axis=-1, keepdims=True), eps)
+  l, r = ops.l2_normalize(a_left, eps), ops.l2_normalize(a_right, eps)
   return _matmul(l, r.T, dtype) * sigma
 
 

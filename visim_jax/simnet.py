@@ -185,10 +185,9 @@ def random_pairs(key: jax.Array, n: int, dim: int, norm: float = 1.0,
     x = jax.random.uniform(kx, (n, dim), minval=-1.0, maxval=1.0)
   else:
     x = jax.random.normal(kx, (n, dim))
-  x = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+  x = ops.l2_normalize(x)
   u = jax.random.normal(ku, (n, dim))
-  u = u - jnp.sum(u * x, axis=-1, keepdims=True) * x
-  u = u / jnp.maximum(jnp.linalg.norm(u, axis=-1, keepdims=True), 1e-12)
+  u = ops.l2_normalize(u - jnp.sum(u * x, axis=-1, keepdims=True) * x)
   c = jax.random.uniform(kc, (n,), minval=-1.0, maxval=1.0)
   y = c[:, None] * x + jnp.sqrt(jnp.maximum(1.0 - c ** 2, 0.0))[:, None] * u
   return norm * x, norm * y, c

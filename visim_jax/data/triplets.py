@@ -323,7 +323,7 @@ def write_synthetic_cosis(folder: str, seed: int = 0, dim: int = 32, n_val: int 
   scale = np.exp(np.linspace(1.5, -1.5, dim))[rng.permutation(dim)]
   keys = {'val': [f'val/{i}' for i in range(n_val)], 'train': [f'train/{i}' for i in range(n_train)]}
   truth = {s: stand_in_features(k, dim, seed) * scale for s, k in keys.items()}
-  truth = {s: t / np.linalg.norm(t, axis=1, keepdims=True) for s, t in truth.items()}
+  truth = {s: ops.l2_normalize(t) for s, t in truth.items()}
 
   def rows(split, ref, n):
     out = []

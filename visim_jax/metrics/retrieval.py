@@ -18,11 +18,11 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
+from visim_jax import ops
+
 
 def cosine_matrix(a: jax.Array, b: jax.Array, eps: float = 1e-12) -> jax.Array:
-  a = a / jnp.maximum(jnp.linalg.norm(a, axis=-1, keepdims=True), eps)
-  b = b / jnp.maximum(jnp.linalg.norm(b, axis=-1, keepdims=True), eps)
-  return a @ b.T
+  return ops.l2_normalize(a, eps) @ ops.l2_normalize(b, eps).T
 
 
 def partner_ranks(sim: jax.Array) -> tuple[jax.Array, jax.Array]:
