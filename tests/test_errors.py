@@ -109,6 +109,16 @@ def test_busy_workdir_is_refused_naming_the_holder(tmp_path):
   assert json.load(open(tmp_path / 'config.json')) == {}  # the refused run wrote nothing
 
 
+def test_busy_workdir_is_refused_before_any_feature_extraction(tmp_path):
+  """The lock is taken for the whole command: the demo run stops before extracting (its cache stays empty)."""
+  wd, cache = tmp_path / 'w', tmp_path / 'cache'
+  with runtime.workdir_lock(str(wd)):
+    rc, _, err = cli('--config=configs/demo.py', f'--workdir={wd}', f'--config.cache_dir={cache}', *SMALL)
+  assert rc == 1 and one_error_line(err).startswith(f'{wd}: another run is using this workdir')
+  assert not cache.exists() or not any(cache.rglob('*.npz'))
+  assert sorted(os.listdir(wd)) == ['.lock']  # nothing else written
+
+
 def test_traceback_only_when_asked(tmp_path):
   rc, _, err = cli('--config=configs/tll.py', f'--workdir={tmp_path / "w"}', '--verbosity=1')
   assert rc == 1 and 'Traceback' in err and err.strip().splitlines()[-1].startswith('error: config.data_dir')

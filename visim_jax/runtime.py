@@ -21,6 +21,8 @@ The stable API (adaptation, SimNet and the 2AFC context models train through exa
   the lock of a dead process, so a stale lock file is simply taken over), and when checkpoints exist their
   fingerprint must match (else a UserError naming the workdir and the differing fields: a refused run leaves
   the workdir untouched). Only then are config.json and fingerprint.json written.
+- `workdir_lock(workdir)` takes that same lock for a whole command (main.py holds it around the experiment,
+  so a busy workdir is refused before hours of feature extraction); a `Run` inside it re-enters the held lock.
 - `restore` skips a corrupt newest step (logs which and why, deletes it) and takes the newest valid one.
 - A failed save (an OSError such as a full disk) leaves no partial step and no temporary folder and is
   reported as one line naming the checkpoint folder.
@@ -52,6 +54,7 @@ from visim_jax.errors import UserError
 FAULT_HOOK: Callable[[str, int, str], None] | None = None
 SAVE_PHASES = ('before_save', 'during_save', 'after_save')
 _TMP_MARK = '.orbax-checkpoint-tmp'
+_OUTER: set[str] = set()  # workdirs whose lock this process holds for a whole command (workdir_lock)
 
 
 def _hook(phase: str, step: int, directory: str) -> None:
@@ -139,7 +142,7 @@ class Run:
     self.config, self.fp, self.progress, self.desc = config, fp, progress, desc
     self.ckpt_dir = os.path.join(self.workdir, 'checkpoints') if checkpoint else None
     self.max_to_keep = max_to_keep
-    self._lock_fd = None
+    self._locked = None
     self._mngr = None
     self._writer = None
     self._bar = None  # one progress bar across the loops (phases) of the run
@@ -182,35 +185,13 @@ class Run:
       self._unlock()
 
   def _lock(self) -> None:
-    ok, holder = 1, ''
-    if report.is_writer():
-      path = os.path.join(self.workdir, '.lock')
-      try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-      except OSError as e:
-        raise os_error(e, path, 'creating the workdir lock') from e
-      try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-      except OSError:
-        holder = os.pread(fd, 200, 0).decode(errors='replace').strip() or 'unknown'
-        os.close(fd)
-        ok = 0
-      else:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f'pid {os.getpid()} on host {socket.gethostname()}\n'.encode(), 0)
-        self._lock_fd = fd
-    if jax.process_count() > 1:  # every process learns whether process 0 got the lock
-      from jax.experimental import multihost_utils
-      ok = int(multihost_utils.broadcast_one_to_all(np.int32(ok)))
-    if not ok:
-      raise UserError(f'{self.workdir}: another run is using this workdir ({holder}); wait for it to finish or '
-                      'pass another --workdir')
+    if self.workdir not in _OUTER:  # inside workdir_lock the command already holds it
+      self._locked = _acquire(self.workdir)
 
   def _unlock(self) -> None:
-    if self._lock_fd is not None:
-      fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-      os.close(self._lock_fd)
-      self._lock_fd = None
+    if self._locked is not None:
+      _release(self._locked)
+      self._locked = None
 
   def _check_fingerprint(self) -> None:
     # checked whenever checkpoints are on disk, even for a run that does not checkpoint: it rewrites
@@ -322,6 +303,63 @@ class Run:
 
   def path(self, *parts: str) -> str:
     return os.path.join(self.workdir, *parts)
+
+
+def _acquire(workdir: str) -> int | None:
+  """Takes the exclusive flock on `<workdir>/.lock` (process 0; the others learn the outcome): its fd (None on
+  other processes), or a UserError naming the holder when another run has it. Another open of the same file
+  conflicts even within one process, so two Runs of one workdir never overlap."""
+  multi = jax.distributed.is_initialized()  # asked without starting a backend on one machine
+  ok, holder, fd = 1, '', None
+  if not multi or report.is_writer():
+    path = os.path.join(workdir, '.lock')
+    try:
+      fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+      raise os_error(e, path, 'creating the workdir lock') from e
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      holder = os.pread(fd, 200, 0).decode(errors='replace').strip() or 'unknown'
+      os.close(fd)
+      fd, ok = None, 0
+    else:
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, f'pid {os.getpid()} on host {socket.gethostname()}\n'.encode(), 0)
+  if multi and jax.process_count() > 1:  # every process learns whether process 0 got the lock
+    from jax.experimental import multihost_utils
+    ok = int(multihost_utils.broadcast_one_to_all(np.int32(ok)))
+  if not ok:
+    raise UserError(f'{workdir}: another run is using this workdir ({holder}); wait for it to finish or '
+                    'pass another --workdir')
+  return fd
+
+
+def _release(fd: int | None) -> None:
+  if fd is not None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str):
+  """Holds the workdir's lock for a whole command (data, features, training, report), so a busy workdir is
+  refused before any extraction; `Run`s inside re-enter it. A workdir this command created is removed again
+  when the command fails before writing anything into it (a refused run leaves no trace)."""
+  workdir = os.path.abspath(workdir)
+  created = not os.path.lexists(workdir)
+  check_writable_dir(workdir, 'workdir')
+  fd = _acquire(workdir)
+  _OUTER.add(workdir)
+  try:
+    yield workdir
+  except BaseException:
+    if created and os.listdir(workdir) == ['.lock']:
+      shutil.rmtree(workdir, ignore_errors=True)
+    raise
+  finally:
+    _OUTER.discard(workdir)
+    _release(fd)
 
 
 def loop(tree, chunk_fn, start: int, end: int, every: int, save_every: int | None = None,
