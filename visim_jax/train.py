@@ -271,3 +271,15 @@ def select_sigma(out: dict, s: int) -> dict:
   per_sigma = ('loss', 'ranks', 'val_ranks', 'params')
   return {k: (jax.tree.map(lambda a: np.asarray(a)[:, s], v) if k in per_sigma and v is not None else v)
           for k, v in out.items()}
+
+
+def describe_epoch_rules(hp: Hparams, n: int, k: int) -> dict:
+  """metrics.json's epoch_rule: the primary rule and what each rule means for this run."""
+  rules = {'test': f'first argmax over epochs of the run-averaged test aR@{k}: optimistic (the test pairs pick '
+                   'their own epoch); how Table 1\'s numbers were picked (the authors\' calc_stds.py)',
+           'last': f'epoch {hp.epochs}: the fixed budget'}
+  if hp.n_val(n):
+    rules['val'] = (f'first argmax over epochs of the run-averaged aR@{k} of each run\'s {hp.n_val(n)} held-out '
+                    f'validation pairs (val_fraction {hp.val_fraction} of its training split; trained on the other '
+                    f'{hp.n_fit(n)})')
+  return {'primary': hp.select_epoch, **rules}

@@ -202,7 +202,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                                     if hp.pca_fit == 'train' else 'one fit on every vector the reference fits on: '
                                     'left, right and mirrored views of all pairs, test included'),
                 'explained_variance': train.stats(out['explained_variance'])},
-        'epoch_rule': epoch_rule(hp, n, ks[0]),
+        'epoch_rule': train.describe_epoch_rules(hp, n, ks[0]),
         'epochs_selected': summary['epochs'],
         'results': {f'aR@{k}': {**summary['baselines'][f'aR@{k}'],
                                 **{key: v[f'aR@{k}'] for key, v in summary['adapted'].items()}} for k in ks},
@@ -216,23 +216,12 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   return metrics
 
 
-def epoch_rule(hp: train.Hparams, n: int, k: int) -> dict:
-  rules = {'test': f'first argmax over epochs of the run-averaged test aR@{k}: optimistic (the test pairs pick '
-                   'their own epoch); how Table 1\'s numbers were picked (the authors\' calc_stds.py)',
-           'last': f'epoch {hp.epochs}: the fixed budget'}
-  if hp.n_val(n):
-    rules['val'] = (f'first argmax over epochs of the run-averaged aR@{k} of each run\'s {hp.n_val(n)} held-out '
-                    f'validation pairs (val_fraction {hp.val_fraction} of its training split; trained on the other '
-                    f'{hp.n_fit(n)})')
-  return {'primary': hp.select_epoch, **rules}
-
-
 def write_outputs(config, rt, out, summary, feats, names, paths, desc, metrics) -> None:
   """adapter.npz (the last sigma), curves.npz and the figures (per sigma; process 0)."""
   from visim_jax import export, report
   if not report.is_writer():
     return
-  sigmas, rule = metrics['sigmas'], metrics['epoch_rule']['primary']
+  sigmas = metrics['sigmas']
   last = train.select_sigma(out, len(sigmas) - 1)
   meta = {k: desc.get(k) for k in export.META_KEYS}
   meta['source'] = {'workdir': rt.workdir, 'dataset': config.dataset, 'run': 0, 'epoch': metrics['epochs'],
@@ -243,14 +232,7 @@ def write_outputs(config, rt, out, summary, feats, names, paths, desc, metrics) 
                     ks=np.asarray(metrics['ks']))
   if config.plots:
     from visim_jax.plots import adapt as plots
-    for s, sigma in enumerate(sigmas):
-      one, key = train.select_sigma(out, s), train.sigma_key(sigma)
-      tag = '' if len(sigmas) == 1 else f'_{key}'
-      chosen = summary['epochs'][key][rule]
-      plots.recall_at_k(one, rt.path('plots', f'recall_at_k{tag}.png'), chosen - 1, max_k=min(50, metrics['n_test']),
-                        rule=rule)
-      plots.training_curves(one['loss'], summary['curves'][:, s], metrics['ks'], chosen,
-                            rt.path('plots', f'training_curves{tag}.png'), rule=rule)
+    plots.all_figures(out, summary, metrics, rt.path('plots'))
     if paths is not None:
       plots.retrieval_sheet(feats, last, names, paths, rt.path('plots', 'retrieval_sheet.png'),
                             n_queries=config.sheet_queries)

@@ -1,6 +1,8 @@
 """Figures of the adaptation experiment (paper 001): aR@k against k (paper Fig. 3), training curves, retrieval sheet (Fig. 4)."""
 from __future__ import annotations
 
+import os
+
 import matplotlib
 
 matplotlib.use('Agg')
@@ -83,3 +85,16 @@ def retrieval_sheet(feats, out: dict, names, paths, path: str, n_queries: int = 
       ax.set_title(title, fontsize=6, color='green' if '✓' in title else 'black')
   fig.suptitle('Retrieval (run 0, last epoch): query, ground truth, top-5 before | after adaptation', fontsize=8)
   report.save_figure(fig, path)
+
+
+def all_figures(out: dict, summary: dict, metrics: dict, folder: str) -> None:
+  """recall_at_k[_sigma=S].png and training_curves[_sigma=S].png for every sigma, at the primary rule's epoch."""
+  sigmas, rule = metrics['sigmas'], metrics['epoch_rule']['primary']
+  for s, sigma in enumerate(sigmas):
+    one, key = train.select_sigma(out, s), train.sigma_key(sigma)
+    tag = '' if len(sigmas) == 1 else f'_{key}'
+    chosen = summary['epochs'][key][rule]
+    recall_at_k(one, os.path.join(folder, f'recall_at_k{tag}.png'), chosen - 1, max_k=min(50, metrics['n_test']),
+                rule=rule)
+    training_curves(one['loss'], summary['curves'][:, s], metrics['ks'], chosen,
+                    os.path.join(folder, f'training_curves{tag}.png'), rule=rule)
