@@ -290,15 +290,7 @@ def cache_dir(config) -> str:
 def check_cache_dir(config) -> str:
   """The feature cache folder, created now (before any extraction); a one-line UserError if it cannot be."""
   path = cache_dir(config)
-  if os.path.islink(path) and not os.path.exists(path):
-    raise UserError(f'config.cache_dir: {path} is a broken symbolic link; remove it or set another folder')
-  try:
-    os.makedirs(path, exist_ok=True)
-  except OSError as e:
-    raise UserError(f'config.cache_dir: cannot create {e.filename or path} ({e.strerror}); set '
-                    '--config.cache_dir to a writable folder') from e
-  if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
-    raise UserError(f'config.cache_dir: {path} is not a writable folder; set --config.cache_dir to one')
+  ops.check_writable_dir(path, 'feature cache folder', label='config.cache_dir')
   return path
 
 

@@ -2,6 +2,7 @@
 
 - `l2_normalize`: x / max(||x||, eps) on the last axis, eps = 1e-12 everywhere (JAX or NumPy input).
 - `running_topk`: the exact top-k of a score function scanned over database blocks (never the full matrix).
+- `check_writable_dir`: a folder that exists (created now) and is writable, else a one-line UserError.
 - `atomic_write_bytes` / `atomic_write_text` / `save_npz_atomic`: write to a temp file in the same folder, fsync,
   then `os.replace`; readers never see half a file, a failure leaves no temp file, and the result gets the
   permissions the user's umask gives a new file (mkstemp alone would make it 0600).
@@ -91,3 +92,22 @@ def save_npz_atomic(path: str | os.PathLike, **arrays) -> None:
   buf = io.BytesIO()
   np.savez(buf, **arrays)
   atomic_write_bytes(path, buf.getvalue())
+
+
+def check_writable_dir(path: str, what: str, label: str | None = None) -> None:
+  """Creates folder `path` if needed; a one-line UserError when it cannot be a writable folder (a broken link, a
+  file in the way, no permission). The message starts with `label` (e.g. 'config.cache_dir') or the path."""
+  from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+  head = f'{label}: {path}' if label else path
+  if os.path.islink(path) and not os.path.exists(path):
+    raise UserError(f'{head}: {what} is a broken symbolic link (to {os.readlink(path)}); remove it or choose '
+                    'another folder')
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise UserError(f'{head}: {what} is a file, not a folder; choose another path')
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    where = f'{label}: {e.filename or path}' if label else (e.filename or path)
+    raise UserError(f'{where}: cannot create the {what} ({e.strerror}); choose a folder you can write to') from e
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise UserError(f'{head}: the {what} is not writable; fix its permissions or choose another folder')

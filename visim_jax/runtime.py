@@ -105,22 +105,6 @@ def _diff(old: dict, new: Fingerprint) -> str:
 
 # ----------------------------------------------------------------------------------------------- checks
 
-def check_writable_dir(path: str, what: str) -> None:
-  """Creates `path` if needed; a one-line UserError naming it when it cannot be a writable folder."""
-  if os.path.islink(path) and not os.path.exists(path):
-    raise UserError(f'{path}: {what} is a broken symbolic link (to {os.readlink(path)}); remove it or choose '
-                    'another folder')
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise UserError(f'{path}: {what} is a file, not a folder; choose another path')
-  try:
-    os.makedirs(path, exist_ok=True)
-  except OSError as e:
-    raise UserError(f'{e.filename or path}: cannot create the {what} ({e.strerror}); choose a folder you can '
-                    'write to') from e
-  if not os.access(path, os.W_OK | os.X_OK):
-    raise UserError(f'{path}: the {what} is not writable; fix its permissions or choose another folder')
-
-
 def os_error(e: OSError, path: str, doing: str) -> UserError:
   """An OSError while `doing` something at `path`, as a one-line UserError saying what to do."""
   advice = {errno.ENOSPC: 'the disk is full: free some space and rerun (the run resumes)',
@@ -149,7 +133,7 @@ class Run:
 
   # ---------------------------------------------------------------- enter / exit
   def __enter__(self) -> 'Run':
-    check_writable_dir(self.workdir, 'workdir')
+    ops.check_writable_dir(self.workdir, 'workdir')
     self._lock()
     try:
       self._check_fingerprint()
@@ -348,7 +332,7 @@ def workdir_lock(workdir: str):
   when the command fails before writing anything into it (a refused run leaves no trace)."""
   workdir = os.path.abspath(workdir)
   created = not os.path.lexists(workdir)
-  check_writable_dir(workdir, 'workdir')
+  ops.check_writable_dir(workdir, 'workdir')
   fd = _acquire(workdir)
   _OUTER.add(workdir)
   try:

@@ -118,7 +118,7 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
     raise UserError(str(e).replace('config.layers', '--layers')) from None
   if ad is not None:
     export.check_backbone(ad, bb, layer_list, adapter)
-  runtime.check_writable_dir(out, 'output folder (--out)')  # before the extraction, not after it
+  ops.check_writable_dir(out, 'output folder (--out)')  # before the extraction, not after it
   pairs_mode = _is_pairs_folder(folder)
   skipped: list[dict] = []
   fkw = dict(cache_dir=cache_dir, layers=layer_list, batch_size=batch_size, dtype=dtype, progress=progress,
