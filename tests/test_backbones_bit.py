@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from torch_init import randomise
+from torch_init import randomise, run_both
 from visim_jax.backbones import bit, convert, get_backbone, registry
 
 torch = pytest.importorskip('torch')
@@ -123,20 +123,14 @@ def test_parity_with_pytorch_reference(name, tmp_path):
   info = convert.convert(name, str(tmp_path / 'bit.pth'), str(tmp_path / 'a.safetensors'), tiny=True)
   assert info['timm_name'] == bit.MEMBERS[name][1]
   b = get_backbone(name, weights=str(tmp_path / 'a.safetensors'), tiny=True)
-  images = np.random.default_rng(1).integers(0, 256, (2, arch.image_size, arch.image_size, 3), dtype=np.uint8)
-  final, stages = jax.jit(b.__call__)(images)
-  x = np.asarray(b.preprocess.normalise(images))
-  with torch.no_grad():
-    want = ref(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))))
+  final, stages, want = run_both(b, ref, arch.image_size)
   assert sorted(stages) == sorted(want)
   for k, v in want.items():
-    v = v.numpy()
-    v = v.transpose(0, 2, 3, 1) if v.ndim == 4 else v
     # weight-standardised convs have unit-variance kernels, so the un-normalised residual stream grows to ~10-30
     # here (as in the real network): float32 rounding of both sides is ~1e-5 of the stage's scale
     scale = max(1.0, float(np.abs(v).max()))
-    np.testing.assert_allclose(np.asarray(stages[k]), v, atol=1e-5 * scale, rtol=1e-4, err_msg=f'{name} {k}')
-  np.testing.assert_allclose(np.asarray(final), want['pooled'].numpy(), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(stages[k], v, atol=1e-5 * scale, rtol=1e-4, err_msg=f'{name} {k}')
+  np.testing.assert_allclose(final, want['pooled'], atol=1e-4, rtol=1e-4)
 
   # the same network from Google's original .npz naming (what storage.googleapis.com/bit_models serves)
   np.savez(tmp_path / 'BiT.npz', **_to_big_transfer_npz(ref.state_dict()))

@@ -9,11 +9,10 @@ import collections
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
 
-from torch_init import randomise
+from torch_init import assert_stages_close, randomise, run_both
 from visim_jax import features
 from visim_jax.backbones import clip_resnet, convert_clip, get_backbone
 
@@ -116,17 +115,9 @@ def test_parity_with_pytorch_reference(tmp_path):
   assert info['architecture']['layers'] == list(arch.layers) and info['name'] is None
 
   backbone = get_backbone('clip_rn50', weights=str(tmp_path / 'tiny.safetensors'), tiny=True)
-  images = np.random.default_rng(1).integers(0, 256, (2, arch.image_size, arch.image_size, 3), dtype=np.uint8)
-  final, stages = jax.jit(backbone.__call__)(images)
-  x = np.asarray(backbone.preprocess.normalise(images))
-  with torch.no_grad():
-    want = ref.visual(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))))
-  assert sorted(stages) == sorted(want)
-  for k, v in want.items():
-    v = v.numpy()
-    v = v.transpose(0, 2, 3, 1) if v.ndim == 4 else v
-    np.testing.assert_allclose(np.asarray(stages[k]), v, atol=1e-4, rtol=1e-4, err_msg=k)
-  np.testing.assert_allclose(np.asarray(final), want['attnpool'].numpy(), atol=1e-4, rtol=1e-4)
+  final, stages, want = run_both(backbone, ref.visual, arch.image_size)
+  assert_stages_close(stages, want)
+  np.testing.assert_allclose(final, want['attnpool'], atol=1e-4, rtol=1e-4)
 
   # the same weights from a TorchScript archive (the format of OpenAI's downloads)
   traced = torch.jit.trace(ref, torch.zeros(1, 3, arch.image_size, arch.image_size))

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from torch_init import randomise
+from torch_init import assert_stages_close, randomise, run_both
 from visim_jax.backbones import efficientnet as effnet
 from visim_jax.backbones import convert, get_backbone, registry
 from visim_jax.backbones.efficientnet_lite import depthwise_conv
@@ -98,16 +98,9 @@ def test_parity_with_pytorch_reference_through_the_converter(tmp_path):
                                     if not k.startswith('classifier.') and not k.endswith('num_batches_tracked'))
   backbone = get_backbone('efficientnet_b2', weights=str(tmp_path / 'tiny.safetensors'), tiny=True)
   assert backbone.layers == ('head',) and backbone.weights_id == info['sha256']
-  images = np.random.default_rng(1).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
-  final, stages = jax.jit(backbone.__call__)(images)
-  x = np.asarray(backbone.preprocess.normalise(images))
-  with torch.no_grad():
-    _, want = ref(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))))
-  assert sorted(stages) == sorted(want)
-  for k, v in want.items():
-    np.testing.assert_allclose(np.asarray(stages[k]), v.numpy().transpose(0, 2, 3, 1), atol=1e-4, rtol=1e-4,
-                               err_msg=k)
-  np.testing.assert_allclose(np.asarray(final), want['head'].mean((2, 3)).numpy(), atol=1e-4, rtol=1e-4)
+  final, stages, want = run_both(backbone, lambda x: ref(x)[1], 32)
+  assert_stages_close(stages, want)
+  np.testing.assert_allclose(final, want['head'].mean((1, 2)), atol=1e-4, rtol=1e-4)
 
 
 def test_depthwise_symmetric_padding_both_implementations():

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from torch_init import randomise
+from torch_init import assert_stages_close, randomise, run_both
 from visim_jax.backbones import convert, get_backbone, registry
 from visim_jax.backbones import inception_resnet_v1 as irv1
 from visim_jax.errors import UserError
@@ -133,17 +133,10 @@ def test_parity_with_pytorch_reference_through_the_converter(tmp_path):
                                     if not k.startswith('logits.') and not k.endswith('num_batches_tracked'))
   backbone = get_backbone('facenet', weights=str(tmp_path / 'tiny.safetensors'), tiny=True)
   assert backbone.layers == ('block8',) and backbone.preprocess.size == arch.image_size
-  images = np.random.default_rng(1).integers(0, 256, (2, arch.image_size, arch.image_size, 3), dtype=np.uint8)
-  final, stages = jax.jit(backbone.__call__)(images)
-  x = np.asarray(backbone.preprocess.normalise(images))
-  with torch.no_grad():
-    want = ref(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))))
-  assert sorted(stages) == sorted(want) and stages['block8'].shape[1:3] == (2, 2)
-  for k, v in want.items():
-    v = v.numpy()
-    v = v.transpose(0, 2, 3, 1) if v.ndim == 4 else v
-    np.testing.assert_allclose(np.asarray(stages[k]), v, atol=1e-4, rtol=1e-4, err_msg=k)
-  np.testing.assert_allclose(np.asarray(final), want['embedding'].numpy(), atol=1e-4, rtol=1e-4)
+  final, stages, want = run_both(backbone, ref, arch.image_size)
+  assert stages['block8'].shape[1:3] == (2, 2)
+  assert_stages_close(stages, want)
+  np.testing.assert_allclose(final, want['embedding'], atol=1e-4, rtol=1e-4)
 
 
 def test_converter_keys_and_refusals(tmp_path, monkeypatch):

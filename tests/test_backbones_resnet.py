@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from torch_init import randomise
+from torch_init import assert_stages_close, randomise, run_both
 from visim_jax.backbones import convert, get_backbone, registry, resnet
 from visim_jax.errors import UserError
 
@@ -82,17 +82,9 @@ def _parity(name, tmp_path):
 
   backbone = get_backbone(name, weights=str(out), tiny=True)
   assert backbone.weights_id == info['sha256']
-  images = np.random.default_rng(1).integers(0, 256, (2, arch.image_size, arch.image_size, 3), dtype=np.uint8)
-  final, stages = jax.jit(backbone.__call__)(images)
-  x = np.asarray(backbone.preprocess.normalise(images))
-  with torch.no_grad():
-    want = ref(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))))
-  assert sorted(stages) == sorted(want)
-  for k, v in want.items():
-    v = v.numpy()
-    v = v.transpose(0, 2, 3, 1) if v.ndim == 4 else v
-    np.testing.assert_allclose(np.asarray(stages[k]), v, atol=1e-4, rtol=1e-4, err_msg=f'{name} {k}')
-  np.testing.assert_allclose(np.asarray(final), want['pooled'].numpy(), atol=1e-4, rtol=1e-4)
+  final, stages, want = run_both(backbone, ref, arch.image_size)
+  assert_stages_close(stages, want, name=name)
+  np.testing.assert_allclose(final, want['pooled'], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize('name', ['resnet18', 'resnet50', 'resnext101_32x8d_wsl'])

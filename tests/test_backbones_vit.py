@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from torch_init import randomise
+from torch_init import assert_stages_close, randomise, run_both
 from visim_jax.backbones import convert, get_backbone, registry, vit
 from visim_jax.errors import UserError
 
@@ -101,22 +101,17 @@ def _parity(name, tmp_path, prefix=''):
   assert info['num_tensors'] == sum(1 for k in ref.state_dict() if not k.startswith('head.'))
   backbone = get_backbone(name, weights=str(out), tiny=True)
   assert backbone.weights_id == info['sha256'] and backbone.layers == ('pooled',)
-  images = np.random.default_rng(1).integers(0, 256, (2, arch.image_size, arch.image_size, 3), dtype=np.uint8)
-  final, stages = jax.jit(backbone.__call__)(images)
-  x = np.asarray(backbone.preprocess.normalise(images))
-  with torch.no_grad():
-    want = ref(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))))
-  assert sorted(stages) == sorted(want)
-  for k, v in want.items():
-    np.testing.assert_allclose(np.asarray(stages[k]), v.numpy(), atol=1e-4, rtol=1e-4, err_msg=k)
-  np.testing.assert_allclose(np.asarray(final), want['pooled'].numpy(), atol=1e-4, rtol=1e-4)
-  return backbone, images, np.asarray(final)
+  final, stages, want = run_both(backbone, ref, arch.image_size)
+  assert_stages_close(stages, want)
+  np.testing.assert_allclose(final, want['pooled'], atol=1e-4, rtol=1e-4)
+  return backbone, final
 
 
 def test_parity_with_pytorch_reference_through_the_converter(tmp_path):
   """timm layout (with its ImageNet head, dropped by the converter) and a DINO training-style 'backbone.' save."""
   _parity('vit', tmp_path)
-  backbone, images, f32 = _parity('dino_vitb8', tmp_path, prefix='backbone.')
+  backbone, f32 = _parity('dino_vitb8', tmp_path, prefix='backbone.')
+  images = np.random.default_rng(1).integers(0, 256, (2, backbone.preprocess.size, backbone.preprocess.size, 3), dtype=np.uint8)
   bf16, _ = jax.jit(lambda x: backbone(x, jnp.bfloat16))(images)  # bf16 weights and activations, f32 softmax
   assert bf16.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(bf16, np.float32), f32, atol=0.1, rtol=0.05)

@@ -22,3 +22,25 @@ def randomise(model, seed, small=()):
       else:
         p.copy_(0.1 * torch.randn(p.shape, generator=g))
   return model.eval()
+
+
+def run_both(backbone, reference, size, seed=1, n=2):
+  """Our backbone and a PyTorch reference (a callable on NCHW tensors returning {stage: tensor}) on the same
+  random uint8 images, normalised by the backbone's own Preprocess. Returns (final, stages, want) as NumPy,
+  every 4-d reference output moved to NHWC."""
+  import jax
+  import torch
+  images = np.random.default_rng(seed).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+  final, stages = jax.jit(backbone.__call__)(images)
+  x = np.asarray(backbone.preprocess.normalise(images))
+  with torch.no_grad():
+    want = reference(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))))
+  want = {k: v.numpy().transpose(0, 2, 3, 1) if v.ndim == 4 else v.numpy() for k, v in want.items()}
+  return np.asarray(final), {k: np.asarray(v) for k, v in stages.items()}, want
+
+
+def assert_stages_close(stages, want, atol=1e-4, rtol=1e-4, name=''):
+  """The same stage names, and every stage within tolerance."""
+  assert sorted(stages) == sorted(want)
+  for k, v in want.items():
+    np.testing.assert_allclose(stages[k], v, atol=atol, rtol=rtol, err_msg=f'{name} {k}')
