@@ -45,16 +45,20 @@ class Backbone:
                                variables)
     return self.apply_fn(variables, x)
 
+  def stage_shapes(self) -> dict:
+    """{stage: ShapeDtypeStruct} for one image, by shape inference: no compute, and the variables are an argument
+    of the traced function, so shape-only variables (`abstract=True`, weights.shapes_only()) work too."""
+    x = jax.ShapeDtypeStruct((1, self.preprocess.size, self.preprocess.size, 3), jnp.uint8)
+    _, stages = jax.eval_shape(lambda v, x: self.apply_fn(v, self.preprocess.normalise(x)), self.variables, x)
+    return stages
+
   def stage_names(self) -> tuple[str, ...]:
-    x = jnp.zeros((1, self.preprocess.size, self.preprocess.size, 3), jnp.uint8)
-    _, stages = jax.eval_shape(self.__call__, x)
-    return tuple(stages)
+    return tuple(self.stage_shapes())
 
   def layer_dims(self, layers: Sequence[str] | None = None) -> dict[str, int]:
     """{stage: channels} of the pooled `layers` (default: self.layers), by shape inference (no compute)."""
     layers = tuple(layers or self.layers)
-    x = jax.ShapeDtypeStruct((1, self.preprocess.size, self.preprocess.size, 3), jnp.uint8)
-    _, stages = jax.eval_shape(self.__call__, x)
+    stages = self.stage_shapes()
     missing = [l for l in layers if l not in stages]
     if missing:
       raise UserError(f'config.layers: {missing} not among the {self.name} stages {sorted(stages)}')

@@ -18,9 +18,6 @@ import importlib
 import inspect
 from typing import Callable
 
-import jax
-import jax.numpy as jnp
-
 from visim_jax.backbones.base import Backbone
 
 # name -> ('module:function', description, takes_name): a family factory (takes_name) is called as
@@ -32,6 +29,12 @@ _REGISTRY: dict[str, tuple[str, str, bool]] = {
               'VGG16 ImageNet-1k (torchvision keys), conv stages conv1_2..conv5_3 + pool5 (512-d R-MAC: paper 002)', False),
 }
 
+
+def _add_family(target: str, members: dict[str, str]) -> None:
+  """Registers every {name: description} of a family whose factory takes the member's name."""
+  for name, desc in members.items():
+    _REGISTRY[name] = (target, desc, True)
+
 # CLIP ModifiedResNet image towers (visim_jax/backbones/clip_resnet.py; weights converted once by backbones/convert.py)
 _CLIP_RN = {
     'clip_rn50': 'CLIP RN50 image tower (OpenAI), stages 256+512+1024+2048 + attention pool 1024',
@@ -40,8 +43,7 @@ _CLIP_RN = {
     'clip_rn50x16': 'CLIP RN50x16 image tower (OpenAI), 384px, stages 384+768+1536+3072 + attention pool 768',
     'clip_rn50x64': 'CLIP RN50x64 image tower (OpenAI), 448px, stages 512+1024+2048+4096 + attention pool 1024',
 }
-for _name, _desc in _CLIP_RN.items():
-  _REGISTRY[_name] = ('visim_jax.backbones.clip_resnet:clip_resnet', _desc, True)
+_add_family('visim_jax.backbones.clip_resnet:clip_resnet', _CLIP_RN)
 
 # Hugging Face Flax families (visim_jax/backbones/hf.py); descriptions kept here so listing imports nothing
 _HF = {
@@ -63,8 +65,7 @@ _HF = {
     'regnet_y_160': 'RegNetY-16GF ImageNet-1k (facebook/regnet-y-160), stages 224+448+1232+3024',
     'regnet_y_320': 'RegNetY-32GF ImageNet-1k (facebook/regnet-y-320), stages 232+696+1392+3712',
 }
-for _name, _desc in _HF.items():
-  _REGISTRY[_name] = ('visim_jax.backbones.hf:hf_backbone', _desc, True)
+_add_family('visim_jax.backbones.hf:hf_backbone', _HF)
 
 # timm / DINO ViTs with the seed code's weights (visim_jax/backbones/vit.py; paper 001 Table 1 names)
 _VIT = {
@@ -74,8 +75,7 @@ _VIT = {
     'dino_vitb16': 'DINO ViT-B/16 (dino_vitb16), CLS token 768-d',
     'dino_vitb8': 'DINO ViT-B/8 (dino_vitb8), CLS token 768-d',
 }
-for _name, _desc in _VIT.items():
-  _REGISTRY[_name] = ('visim_jax.backbones.vit:vit_backbone', _desc, True)
+_add_family('visim_jax.backbones.vit:vit_backbone', _VIT)
 # EfficientNet B0-B3 with gen-efficientnet's PyTorch weights (visim_jax/backbones/efficientnet.py), last layer
 for _name, _dims in (('efficientnet_b0', 1280), ('efficientnet_b1', 1280), ('efficientnet_b2', 1408),
                      ('efficientnet_b3', 1536)):
@@ -107,8 +107,7 @@ _TORCHVISION_RN = {
     'barlow': 'Barlow Twins ResNet-50, self-supervised (facebookresearch/barlowtwins), 3840',
     'dino_resnet50': 'DINO ResNet-50, self-supervised (facebookresearch/dino), 3840',
 }
-for _name, _desc in _TORCHVISION_RN.items():
-  _REGISTRY[_name] = ('visim_jax.backbones.resnet:resnet_backbone', _desc, True)
+_add_family('visim_jax.backbones.resnet:resnet_backbone', _TORCHVISION_RN)
 _BIT = {
     'bit_m_r50x1': 'BiT-M R50x1 ImageNet-21k (timm resnetv2_50x1_bitm_in21k), stages 1-3 + final norm = 3840',
     'bit_m_r50x3': 'BiT-M R50x3 ImageNet-21k, 11520',
@@ -117,8 +116,7 @@ _BIT = {
     'bit_m_r152x2': 'BiT-M R152x2 ImageNet-21k, 7680',
     'bit_m_r152x4': 'BiT-M R152x4 ImageNet-21k, 15360',
 }
-for _name, _desc in _BIT.items():
-  _REGISTRY[_name] = ('visim_jax.backbones.bit:bit_backbone', _desc, True)
+_add_family('visim_jax.backbones.bit:bit_backbone', _BIT)
 _REGISTRY['alexnet'] = ('visim_jax.backbones.alexnet:alexnet_backbone',
                         'AlexNet ImageNet-1k (torchvision), last conv block after its max pool, 256', True)
 
@@ -133,10 +131,8 @@ def list_backbones() -> dict[str, str]:
 
 def resolve(name: str) -> Callable[..., Backbone]:
   """The function that builds backbone `name` (imported now); called with keyword options only."""
-  if name not in _REGISTRY:
-    raise ValueError(f'config.backbone: unknown backbone {name!r}; known: {", ".join(sorted(_REGISTRY))}')
-  target, _, takes_name = _REGISTRY[name]
-  module, fn = target.split(':')
+  module, fn = target(name).split(':')
+  takes_name = _REGISTRY[name][2]
   factory = getattr(importlib.import_module(module), fn)
   return functools.partial(factory, name) if takes_name else factory
 
@@ -159,9 +155,7 @@ def pooled_dim(name: str) -> int:
   else:
     with weights_lib.shapes_only():
       b = factory(random_init=0)
-  x = jax.ShapeDtypeStruct((1, b.preprocess.size, b.preprocess.size, 3), jnp.uint8)
-  _, stages = jax.eval_shape(lambda v, x: b.apply_fn(v, b.preprocess.normalise(x)), b.variables, x)
-  return sum(int(stages[l].shape[-1]) for l in b.layers)
+  return sum(b.layer_dims().values())
 
 
 def get_backbone(name: str, **kwargs) -> Backbone:
