@@ -148,20 +148,13 @@ def main(argv) -> None:
         file=sys.stderr)
 
 
-def run_main(argv=None) -> None:
-  from absl import app, flags  # pylint: disable=g-import-not-at-top
-  from visim_jax.errors import report_and_exit  # pylint: disable=g-import-not-at-top
+def run_main() -> None:
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from visim_jax import errors  # pylint: disable=g-import-not-at-top
   flags.DEFINE_string('backbone', None, 'the backbone name the weights are for (as in --list_backbones)')
   flags.DEFINE_string('checkpoint', None, 'the public checkpoint: .pth/.pt/.bin state dict, .safetensors, .npz')
   flags.DEFINE_string('out', None, 'output .safetensors (default $VISIM_JAX_WEIGHTS/<backbone>.safetensors)')
-
-  def _main(argv):
-    try:
-      main(argv)
-    except (UserError, FileNotFoundError) as e:
-      report_and_exit(e)
-
-  app.run(_main, argv=argv)
+  errors.run(main)  # the one command-line wrapper: user errors and bad flags as one line `error: ...`, exit 1
 
 
 if __name__ == '__main__':
