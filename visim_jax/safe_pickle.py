@@ -23,14 +23,20 @@ from typing import Any, Callable
 
 import numpy as np
 
+from visim_jax.errors import UserError
+
 try:  # numpy >= 2
   from numpy._core.multiarray import _reconstruct as _np_reconstruct, scalar as _np_scalar
 except ImportError:  # numpy 1.x
   from numpy.core.multiarray import _reconstruct as _np_reconstruct, scalar as _np_scalar
 
 
-class UnsafePickleError(pickle.UnpicklingError):
-  """A pickle asked for a global that is not on the allow-list."""
+class UnsafePickleError(pickle.UnpicklingError, UserError):
+  """A pickle asked for a global that is not on the allow-list (a user error: one line naming the file)."""
+
+
+class BadPickleError(UserError):
+  """A file that is not a readable pickle / checkpoint of the expected kind (truncated, random bytes...)."""
 
 
 # typed storages of the legacy format -> numpy dtype
@@ -105,10 +111,15 @@ def load_data_pickle(path: str | os.PathLike) -> Any:
   with open(path, 'rb') as f:
     try:
       return RestrictedUnpickler(f, _DATA_ALLOWED, path).load()
-    except UnsafePickleError:
+    except UserError:
       raise
-    except Exception as e:  # truncated / not a pickle
-      raise ValueError(f'{path}: not a readable pickle ({type(e).__name__}: {e})') from e
+    except Exception as e:  # noqa: BLE001: truncated / not a pickle / random bytes
+      raise BadPickleError(f'{path}: not a readable pickle ({_short(e)})') from None
+
+
+def _short(e: BaseException) -> str:
+  text = ' '.join(f'{type(e).__name__}: {e}'.split())
+  return text[:160] + ('...' if len(text) > 160 else '')
 
 
 def _materialise(obj, source: str):
@@ -116,14 +127,14 @@ def _materialise(obj, source: str):
   if isinstance(obj, tuple) and len(obj) == 5 and obj[0] == 'tensor':
     _, storage, offset, size, stride = obj
     if storage.array is None:
-      raise ValueError(f'{source}: tensor storage was never filled (truncated file?)')
+      raise BadPickleError(f'{source}: tensor storage was never filled (truncated file?)')
     itemsize = storage.dtype.itemsize
     n = int(np.prod(size)) if size else 1
     if n == 0:
       return np.zeros(size, storage.dtype)
     last = offset + sum((s - 1) * st for s, st in zip(size, stride))
     if offset < 0 or last >= storage.array.size:
-      raise ValueError(f'{source}: tensor view exceeds its storage (corrupt file)')
+      raise BadPickleError(f'{source}: tensor view exceeds its storage (corrupt file)')
     view = np.lib.stride_tricks.as_strided(
         storage.array[offset:], shape=size, strides=[st * itemsize for st in stride])
     return np.array(view)  # own the memory, C-contiguous
@@ -150,16 +161,22 @@ def _load_legacy(f, source: str):
   for what in ('magic number', 'protocol version', 'system info'):
     header = RestrictedUnpickler(f, {}, source).load()
     if what == 'magic number' and header != _LEGACY_MAGIC:
-      raise ValueError(f'{source}: not a PyTorch checkpoint (bad magic number)')
+      raise BadPickleError(f'{source}: not a PyTorch checkpoint (bad magic number)')
   result = RestrictedUnpickler(f, _TORCH_ALLOWED, source, persistent_load).load()
   keys = RestrictedUnpickler(f, {}, source).load()
+  size = os.fstat(f.fileno()).st_size
   for key in keys:
-    storage = storages[key]
+    storage = storages.get(key)
+    if storage is None:
+      raise BadPickleError(f'{source}: storage {key!r:.40} is listed but no tensor uses it (corrupt file)')
     (numel,) = struct.unpack('<q', f.read(8) or b'\0' * 8)
     nbytes = numel * storage.dtype.itemsize
+    if not 0 <= nbytes <= size - f.tell():
+      raise BadPickleError(f'{source}: truncated (storage {key} wants {nbytes} bytes, the file has '
+                           f'{max(0, size - f.tell())} left)')
     buf = f.read(nbytes)
     if len(buf) != nbytes:
-      raise ValueError(f'{source}: truncated (storage {key} wants {nbytes} bytes, got {len(buf)})')
+      raise BadPickleError(f'{source}: truncated (storage {key} wants {nbytes} bytes, got {len(buf)})')
     storage.array = np.frombuffer(buf, storage.dtype)
   return result
 
@@ -169,7 +186,7 @@ def _load_zip(path: str):
     names = z.namelist()
     pkl = [n for n in names if n.endswith('/data.pkl') or n == 'data.pkl']
     if not pkl:
-      raise ValueError(f'{path}: zip file without data.pkl: not a PyTorch checkpoint')
+      raise BadPickleError(f'{path}: zip file without data.pkl: not a PyTorch checkpoint')
     prefix = pkl[0][:-len('data.pkl')]
     storages: dict[str, _Storage] = {}
 
@@ -191,24 +208,24 @@ def _load_zip(path: str):
 def load_torch_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
   """Reads a PyTorch state dict (legacy or zip format) into numpy arrays, without torch.
 
-  Raises UnsafePickleError if the file references anything but tensors in an OrderedDict, and
-  ValueError (naming the file) if it is truncated or not a checkpoint.
+  Raises UnsafePickleError if the file references anything but tensors in an OrderedDict, and BadPickleError
+  (a UserError naming the file; a ValueError) if it is truncated, random bytes or not a checkpoint.
   """
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(f'{path}: checkpoint not found')
-  if zipfile.is_zipfile(path):
-    raw = _load_zip(path)
-  else:
-    with open(path, 'rb') as f:
-      try:
+  try:
+    if zipfile.is_zipfile(path):
+      raw = _load_zip(path)
+    else:
+      with open(path, 'rb') as f:
         raw = _load_legacy(f, path)
-      except (UnsafePickleError, ValueError):
-        raise
-      except Exception as e:
-        raise ValueError(f'{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {e})') from e
-  if isinstance(raw, dict) and 'state_dict' in raw and isinstance(raw['state_dict'], dict):
-    raw = raw['state_dict']
-  if not isinstance(raw, dict):
-    raise ValueError(f'{path}: expected a state dict, found {type(raw).__name__}')
-  return dict(_materialise(raw, path))
+    if isinstance(raw, dict) and 'state_dict' in raw and isinstance(raw['state_dict'], dict):
+      raw = raw['state_dict']
+    if not isinstance(raw, dict):
+      raise BadPickleError(f'{path}: expected a state dict, found {type(raw).__name__}')
+    return dict(_materialise(raw, path))
+  except UserError:
+    raise
+  except Exception as e:  # noqa: BLE001: truncated, random bytes, a zip without its members, bad strides...
+    raise BadPickleError(f'{path}: not a readable PyTorch checkpoint ({_short(e)})') from None

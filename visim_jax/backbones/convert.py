@@ -33,10 +33,11 @@ import zipfile
 
 import numpy as np
 
-from visim_jax import ops, safe_pickle
+from visim_jax import ops, readers, safe_pickle
 from visim_jax.backbones import registry
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import sha256_file
+from visim_jax.data import resolve
 from visim_jax.errors import UserError
 
 # family module -> its `prepare` function (see the module docstring)
@@ -77,36 +78,63 @@ def prepare_vgg(name: str, sd: dict, where: str, tiny: bool = False) -> tuple[di
 
 
 def _is_torchscript(path: str) -> bool:
-  if not zipfile.is_zipfile(path):
+  try:
+    with zipfile.ZipFile(path) as z:
+      return any(n.endswith('/constants.pkl') or n.split('/', 1)[-1].startswith('code/') for n in z.namelist())
+  except (zipfile.BadZipFile, OSError, ValueError):
     return False
-  with zipfile.ZipFile(path) as z:
-    return any(n.endswith('/constants.pkl') or n.split('/', 1)[-1].startswith('code/') for n in z.namelist())
+
+
+def read_shards(path: str) -> dict[str, np.ndarray]:
+  """The tensors of a sharded Hugging Face save: every shard its `model.safetensors.index.json` weight_map names,
+  each resolved inside the index's folder (data/resolve.py: no absolute path, `..` or symbolic link out). In a
+  Hugging Face cache snapshot (`models--ORG--NAME/snapshots/REV/`, whose files are links to `../../blobs/`) the root
+  is the model's cache folder `models--ORG--NAME`."""
+  index = readers.read_json(path, dict, 'shard index')
+  weight_map = index.get('weight_map')
+  if not isinstance(weight_map, dict) or not weight_map:
+    raise UserError(f'{path}: no weight_map object (expected a model.safetensors.index.json)')
+  folder = os.path.dirname(path) or '.'
+  parent = os.path.dirname(os.path.abspath(folder))
+  root = os.path.dirname(parent) if os.path.basename(parent) == 'snapshots' else folder
+  shards = {}
+  for key, shard in weight_map.items():
+    if not isinstance(shard, str):
+      raise UserError(f'{path}: weight_map[{key!r}]: expected a shard file name, got {shard!r:.60}')
+    if shard not in shards:
+      shards[shard] = resolve.inside(folder, shard, f'{path}: weight_map[{key!r}]', 'shard', links_within=root)
+  missing = [p for p in shards.values() if not os.path.isfile(p)]
+  if missing:
+    raise UserError(f'{path}: shards missing: {", ".join(missing)}')
+  return {k: v for s in sorted(shards) for k, v in weights_lib.read_tensors(shards[s]).items()}
+
+
+def _read_torchscript(path: str) -> dict[str, np.ndarray]:
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise UserError(f'--checkpoint {path} is a TorchScript archive: converting it needs torch '
+                    '(pip install torch, the optional `torch` extra)') from None
+  try:
+    module = torch.jit.load(path, map_location='cpu')
+    return {k: v.detach().float().cpu().numpy() for k, v in module.state_dict().items()
+            if v.dtype.is_floating_point}
+  except Exception as e:  # noqa: BLE001: a zip that only looks like TorchScript, a truncated or foreign archive
+    msg = ' '.join(str(e).split())[:160]
+    raise UserError(f'--checkpoint {path}: not a loadable TorchScript archive ({type(e).__name__}: {msg}); '
+                    'convert the original download, or a plain state dict') from None
 
 
 def read_checkpoint(path: str) -> tuple[dict[str, np.ndarray], str]:
-  """({name: array}, format) from any supported input (see the module docstring)."""
+  """({name: array}, format) from any supported input (see the module docstring); bad bytes: one UserError line."""
   if not os.path.isfile(path):
     raise UserError(f'--checkpoint {path}: no such file')
   if path.endswith(('.safetensors', '.npz')):
     return weights_lib.read_tensors(path), os.path.splitext(path)[1][1:]
   if path.endswith('.safetensors.index.json'):  # a sharded Hugging Face save: every shard its weight_map names
-    with open(path) as f:
-      shards = sorted(set(json.load(f).get('weight_map', {}).values()))
-    shards = [os.path.join(os.path.dirname(path), s) for s in shards]
-    missing = [s for s in shards if not os.path.isfile(s)]
-    if not shards or missing:
-      raise UserError(f'--checkpoint {path}: ' + (f'shards missing: {", ".join(missing)}' if missing else
-                                                  'no weight_map (expected a model.safetensors.index.json)'))
-    return {k: v for s in shards for k, v in weights_lib.read_tensors(s).items()}, 'safetensors (sharded)'
+    return read_shards(path), 'safetensors (sharded)'
   if _is_torchscript(path):
-    try:
-      import torch  # pylint: disable=g-import-not-at-top
-    except ImportError:
-      raise UserError(f'--checkpoint {path} is a TorchScript archive: converting it needs torch '
-                      '(pip install torch, the optional `torch` extra)') from None
-    module = torch.jit.load(path, map_location='cpu')
-    sd = {k: v.detach().float().cpu().numpy() for k, v in module.state_dict().items() if v.dtype.is_floating_point}
-    return sd, 'torchscript'
+    return _read_torchscript(path), 'torchscript'
   try:
     sd = safe_pickle.load_torch_state_dict(path)
   except safe_pickle.UnsafePickleError as e:

@@ -145,13 +145,12 @@ def converted_path(name: str, weights: str | None = None) -> str:
 
 
 def read_tensors(path: str) -> dict[str, np.ndarray]:
-  """{name: array} from a .safetensors or .npz file (never a pickle)."""
+  """{name: array} from a .safetensors or .npz file (never a pickle); bad bytes fail in one line (readers.py)."""
+  from visim_jax import readers  # pylint: disable=g-import-not-at-top
   if path.endswith('.safetensors'):
-    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-    return load_file(path)
+    return readers.read_safetensors(path)
   if path.endswith('.npz'):
-    with np.load(path, allow_pickle=False) as z:
-      return {k: z[k] for k in z.files}
+    return readers.read_npz(path)
   from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
   raise UserError(f'{path}: expected a .safetensors or .npz file; convert a checkpoint once with '
                   '`python -m visim_jax.backbones.convert --backbone=NAME --checkpoint=FILE`')
@@ -159,14 +158,13 @@ def read_tensors(path: str) -> dict[str, np.ndarray]:
 
 def check_sidecar(path: str) -> str:
   """sha256 of `path`; must equal the one recorded in `<path>.json` when that sidecar exists."""
-  import json  # pylint: disable=g-import-not-at-top
+  from visim_jax import readers  # pylint: disable=g-import-not-at-top
   from visim_jax.backbones.base import sha256_file  # pylint: disable=g-import-not-at-top
   from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
   digest = sha256_file(path)
   sidecar = path + '.json'
   if os.path.exists(sidecar):
-    with open(sidecar) as f:
-      recorded = json.load(f).get('sha256')
+    recorded = readers.read_json(sidecar, dict, 'weights sidecar').get('sha256')
     if recorded and recorded != digest:
       raise UserError(f'{path}: sha256 {digest} differs from the one recorded in {sidecar} ({recorded}): the file '
                       'is corrupt or was replaced; convert it again')

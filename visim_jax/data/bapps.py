@@ -16,6 +16,7 @@ Readings (`data/dataset/twoafc_dataset.py`, `jnd_dataset.py`, `data/image_folder
     .npy) and pairs them by *sorted position*. We pair them by file name (the stem) and fail on any file
     without its partners: identical on a complete set, and a missing file cannot shift every later pairing.
     Items are in sorted-path order, as upstream.
+  * A file that is a symbolic link to a place outside its folder is refused (data/resolve.py).
   * The judge/same value is np.load(...) as float32 in [0, 1]; anything else fails naming the file.
   * Sets: all published sets of the split by default (test_dataset_model.py's val default is the six val
     sets); `sets=` picks some. Each set is scored on its own (the LPIPS paper reports per-set numbers).
@@ -27,6 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
+from visim_jax.data import resolve
 from visim_jax.data.images import IMAGE_EXTENSIONS
 from visim_jax.data.judgements import JNDSet, TwoAFCSet, check_files, read_fraction
 from visim_jax.errors import UserError
@@ -54,6 +56,7 @@ def _listing(folder: str, extensions: Sequence[str]) -> dict[str, str]:
       out[stem] = path
   if not out:
     raise UserError(f'{folder}: no {"/".join(exts)} files')
+  resolve.check_tree(folder, out.values(), 'BAPPS file')
   return out
 
 

@@ -22,7 +22,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from visim_jax import ops
+from visim_jax import ops, readers
 from visim_jax.data import images as images_lib
 from visim_jax.data import npz
 from visim_jax.errors import UserError
@@ -203,18 +203,17 @@ def read_class_tree(path: str) -> dict[str, list[str]]:
   if not os.path.exists(path):
     raise UserError(f'{path}: class tree file not found')
   tree: dict[str, list[str]] = {}
-  with open(path, encoding='utf-8') as f:
-    for ln, line in enumerate(f, 1):
-      parts = line.split('#', 1)[0].replace(',', ' ').replace(':', ' ').split()
-      if not parts:
-        continue
-      if len(parts) < 2:
-        raise UserError(f'{path}:{ln}: expected `parent child [child ...]`, got {line.strip()!r}')
-      parent, kids = parts[0], parts[1:]
-      if parent in kids:
-        raise UserError(f'{path}:{ln}: {parent!r} is its own child')
-      lst = tree.setdefault(parent, [])
-      lst += [k for k in kids if k not in lst]
+  for ln, line in readers.text_lines(path, 'class tree file'):
+    parts = line.split('#', 1)[0].replace(',', ' ').replace(':', ' ').split()
+    if not parts:
+      continue
+    if len(parts) < 2:
+      raise UserError(f'{path}:{ln}: expected `parent child [child ...]`, got {line.strip()!r}')
+    parent, kids = parts[0], parts[1:]
+    if parent in kids:
+      raise UserError(f'{path}:{ln}: {parent!r} is its own child')
+    lst = tree.setdefault(parent, [])
+    lst += [k for k in kids if k not in lst]
   if not tree:
     raise UserError(f'{path}: no parent -> child lines')
   return tree

@@ -9,7 +9,9 @@ nights/
 ```
 `data.csv` columns (DreamSim's `TwoAFCDataset` reads them by position: 0 id, 2 the target, 4 ref, 5 left,
 6 right; we read them by name): `id, left_vote, right_vote, votes, ref_path, left_path, right_path, ...,
-split, is_imagenet`. Paths are relative to the folder holding `data.csv`.
+split, is_imagenet`. Paths are relative to the folder holding `data.csv` and must stay inside it (data/resolve.py:
+an absolute path, `..` or a symbolic link out is refused naming the line); UTF-8 with or without a BOM
+(readers.py: another encoding or a short row fails naming the line).
 
 Readings (DreamSim `dataset/dataset.py` and `evaluation/score.py`):
   * Filter: rows with `votes >= 6` (DreamSim's "unanimous" 20,019 triplets of the released CSV); `min_votes`
@@ -23,12 +25,13 @@ Readings (DreamSim `dataset/dataset.py` and `evaluation/score.py`):
 """
 from __future__ import annotations
 
-import csv
 import math
 import os
 
 import numpy as np
 
+from visim_jax import readers
+from visim_jax.data import resolve
 from visim_jax.data.judgements import TwoAFCSet, check_files
 from visim_jax.errors import UserError
 
@@ -53,41 +56,34 @@ def load(root: str, split: str = 'test', min_votes: float = MIN_VOTES) -> TwoAFC
   csv_path = os.path.join(root, 'data.csv')
   if not os.path.isfile(csv_path):
     raise UserError(f'{csv_path}: NIGHTS data.csv not found (expected nights/data.csv, ref/ and distort/)')
-  with open(csv_path, newline='', encoding='utf-8') as f:
-    reader = csv.DictReader(f)
-    header = [h.strip() for h in (reader.fieldnames or [])]
-    missing = [c for c in COLUMNS if c not in header]
-    if missing:
-      raise UserError(f'{csv_path}: missing column(s) {missing} (has {header})')
-    reader.fieldnames = header
-    ids, ref, left, right, judge = [], [], [], [], []
-    base, want = split.split('_')[0], None
-    if split == 'test_imagenet':
-      want = True
-    elif split == 'test_no_imagenet':
-      want = False
-    for line, row in enumerate(reader, start=2):
-      where = f'{csv_path}:line {line}'
-      votes = _number(row['votes'], where, 'votes')
-      if not votes >= min_votes:
+  _, rows = readers.csv_table(csv_path, COLUMNS, 'NIGHTS data.csv')
+  ids, ref, left, right, judge = [], [], [], [], []
+  base, want = split.split('_')[0], None
+  if split == 'test_imagenet':
+    want = True
+  elif split == 'test_no_imagenet':
+    want = False
+  for line, row in rows:
+    where = f'{csv_path}:line {line}'
+    votes = _number(row['votes'], where, 'votes')
+    if not votes >= min_votes:
+      continue
+    if row['split'].strip() != base:
+      continue
+    if want is not None:
+      flag = row['is_imagenet'].strip().lower()
+      if flag not in _TRUE + _FALSE:
+        raise UserError(f'{where}: is_imagenet must be True or False, got {row["is_imagenet"]!r}')
+      if (flag in _TRUE) != want:
         continue
-      if row['split'].strip() != base:
-        continue
-      if want is not None:
-        flag = row['is_imagenet'].strip().lower()
-        if flag not in _TRUE + _FALSE:
-          raise UserError(f'{where}: is_imagenet must be True or False, got {row["is_imagenet"]!r}')
-        if (flag in _TRUE) != want:
-          continue
-      p = _number(row['right_vote'], where, 'right_vote')
-      if not 0.0 <= p <= 1.0:
-        raise UserError(f'{where}: right_vote {row["right_vote"]!r} is not a fraction in [0, 1] '
-                        '(DreamSim reads it as the fraction of voters choosing the right image)')
-      ids.append(row['id'].strip())
-      ref.append(os.path.join(root, row['ref_path'].strip()))
-      left.append(os.path.join(root, row['left_path'].strip()))
-      right.append(os.path.join(root, row['right_path'].strip()))
-      judge.append(p)
+    p = _number(row['right_vote'], where, 'right_vote')
+    if not 0.0 <= p <= 1.0:
+      raise UserError(f'{where}: right_vote {row["right_vote"]!r} is not a fraction in [0, 1] '
+                      '(DreamSim reads it as the fraction of voters choosing the right image)')
+    ids.append(row['id'].strip())
+    for col, out in (('ref_path', ref), ('left_path', left), ('right_path', right)):
+      out.append(resolve.inside(root, row[col].strip(), where, col))
+    judge.append(p)
   if not ref:
     raise UserError(f'{csv_path}: no triplets in split {split!r} with votes >= {min_votes:g}')
   check_files(ref + left + right, 'NIGHTS image')

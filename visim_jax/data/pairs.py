@@ -6,13 +6,13 @@ Precomputed features (`.npz` with `left`, `right` and optional `names`) skip ima
 """
 from __future__ import annotations
 
-import csv
 import dataclasses
 import os
 
 import numpy as np
 
-from visim_jax.data import npz
+from visim_jax import readers
+from visim_jax.data import npz, resolve
 from visim_jax.data.images import IMAGE_EXTENSIONS
 from visim_jax.errors import UserError
 
@@ -34,8 +34,7 @@ def read_subset(path: str) -> list[str]:
   """
   if not os.path.isfile(path):
     raise FileNotFoundError(f'config.subset: subset list {path} not found')
-  with open(path, newline='') as f:
-    rows = [r for r in csv.reader(f) if r and any(c.strip() for c in r)]
+  rows = [r for _, r in readers.csv_rows(path, 'subset list') if r and any(c.strip() for c in r)]
   if not rows:
     raise UserError(f'{path}: empty subset list')
   names = [r[-1].strip() for r in rows]
@@ -55,8 +54,10 @@ def read_subset(path: str) -> list[str]:
 def _listing(folder: str) -> dict[str, str]:
   if not os.path.isdir(folder):
     raise FileNotFoundError(f'config.data_dir: folder {folder} not found (expected left/ and right/ inside)')
-  return {n: os.path.join(folder, n) for n in sorted(os.listdir(folder))
-          if not n.startswith('.') and n.lower().endswith(IMAGE_EXTENSIONS)}
+  out = {n: os.path.join(folder, n) for n in sorted(os.listdir(folder))
+         if not n.startswith('.') and n.lower().endswith(IMAGE_EXTENSIONS)}
+  resolve.check_tree(folder, out.values(), 'image')
+  return out
 
 
 def load_pairs(root: str, subset: str | None = None) -> Pairs:

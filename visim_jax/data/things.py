@@ -25,19 +25,21 @@ import os
 
 import numpy as np
 
+from visim_jax import readers
+from visim_jax.data import resolve
 from visim_jax.data.images import IMAGE_EXTENSIONS
 from visim_jax.data.judgements import OddOneOutSet, check_files
 from visim_jax.errors import UserError
 
 FORMS = ('auto', 'dreamsim', 'osf', 'index0')
 OSF_COLUMNS = ('image1', 'image2', 'image3', 'choice')
+INT_RANGE = (-2**31, 2**31 - 1)  # an index, choice or noise_ceiling beyond int32 is refused naming the line
 
 
-def _lines(path: str) -> list[tuple[int, str]]:
+def _lines(path: str, what: str = 'THINGS triplet file') -> list[tuple[int, str]]:
   if not os.path.isfile(path):
-    raise UserError(f'{path}: THINGS triplet file not found')
-  with open(path, encoding='utf-8') as f:
-    return [(i, s.strip()) for i, s in enumerate(f, start=1) if s.strip()]
+    raise UserError(f'{path}: {what} not found')
+  return readers.text_lines(path, what)
 
 
 def _detect(lines) -> str:
@@ -58,10 +60,11 @@ def _image_list(root: str, names_file: str | None) -> list[str]:
   for n in files:
     by_stem.setdefault(os.path.splitext(n)[0], n)
   out = []
-  for line, name in _lines(names_file):
+  for line, name in _lines(names_file, 'THINGS names file'):
     name = name.split('\t')[0].strip()
-    if os.path.isfile(os.path.join(root, name)):
-      out.append(os.path.join(root, name))
+    path = resolve.inside(root, name, f'{names_file}:line {line}', 'image name')
+    if os.path.isfile(path):
+      out.append(path)
     elif name in by_stem:
       out.append(os.path.join(root, by_stem[name]))
     else:
@@ -80,21 +83,22 @@ def _index_rows(rows: np.ndarray, n_images: int, path: str, lines: np.ndarray, b
 
 
 def _ints(parts, where: str, n: int) -> list[int]:
+  """The first n fields as integers (`7` or `7.0`); a field that is not one, or beyond int32, fails naming it."""
   if len(parts) < n:
     raise UserError(f'{where}: expected {n} fields, got {len(parts)}')
-  try:
-    return [int(float(p)) for p in parts[:n]]
-  except ValueError:
-    raise UserError(f'{where}: expected integers, got {parts[:n]}') from None
+  return [readers.to_int(p, where, INT_RANGE[0], INT_RANGE[1], 'field') for p in parts[:n]]
 
 
 def _first_line(path: str) -> str:
   if not os.path.isfile(path):
     raise UserError(f'{path}: THINGS triplet file not found')
-  with open(path, encoding='utf-8') as f:
-    for s in f:
-      if s.strip():
-        return s.strip()
+  try:
+    with open(path, encoding='utf-8-sig') as f:
+      for s in f:
+        if s.strip():
+          return s.strip()
+  except UnicodeDecodeError:
+    readers.read_text(path, 'THINGS triplet file')  # raises naming the line of the first bad byte
   raise UserError(f'{path}: no triplets')
 
 
@@ -103,8 +107,8 @@ def _fast_ints(path: str, cols, skip: int, delimiter) -> np.ndarray | None:
   parse (then the line-by-line reader names the line)."""
   try:
     return np.loadtxt(path, dtype=np.int64, delimiter=delimiter, skiprows=skip, usecols=cols, ndmin=2,
-                      comments=None, encoding='utf-8')
-  except (ValueError, IndexError):
+                      comments=None, encoding='utf-8-sig')
+  except (ValueError, IndexError, OverflowError):
     return None
 
 
@@ -173,13 +177,16 @@ def load(root: str, triplets_file: str, form: str = 'auto', names_file: str | No
     raise UserError(f'{triplets_file}: noise_ceiling filters the OSF table only (this file reads as {form!r})')
 
   if form == 'dreamsim':
-    keys, tri = {}, []
+    keys, images, tri = {}, [], []
     for line, s in _lines(triplets_file):
       parts = s.split()
       if len(parts) != 3:
         raise UserError(f'{triplets_file}:line {line}: expected three image names, got {len(parts)} fields')
-      tri.append([keys.setdefault(p, len(keys)) for p in parts])
-    images = [os.path.join(root, f'{k}.png') for k in keys]
+      for p in parts:
+        if p not in keys:
+          keys[p] = len(images)
+          images.append(resolve.inside(root, f'{p}.png', f'{triplets_file}:line {line}', 'image name'))
+      tri.append([keys[p] for p in parts])
     triplets = np.asarray(tri, np.int32)
     odd = np.full(len(triplets), 2, np.int32)
   else:
@@ -194,5 +201,6 @@ def load(root: str, triplets_file: str, form: str = 'auto', names_file: str | No
     remap[used] = np.arange(len(used), dtype=np.int32)
     images = [image_list[i] for i in used.tolist()]
     triplets = remap[triplets]
+  resolve.check_tree(root, images, 'THINGS image')
   check_files(images, 'THINGS image')
   return OddOneOutSet(name, images, triplets, odd, triplets_file)

@@ -19,11 +19,10 @@ Readings and the upstream quirks we do not repeat (see ../shared/data/README.md)
     (4,003 rows + header); the "10,002" quoted upstream is what dropping the first row leaves.
 
 Generic CSV (other 2AFC sets): columns `ref,a,b,label` (header optional), image paths relative to the CSV's
-folder or absolute; label `a` or `1` = A is closer, `b` or `0` = B is closer. Keys are the resolved paths.
+folder and inside it (data/resolve.py refuses an absolute path, `..` or a link out, naming the line); label `a` or `1` = A is closer, `b` or `0` = B is closer. Keys are the resolved paths.
 """
 from __future__ import annotations
 
-import csv
 import dataclasses
 import os
 import re
@@ -31,8 +30,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from visim_jax import ops
-from visim_jax.data import npz
+from visim_jax import ops, readers
+from visim_jax.data import npz, resolve
 from visim_jax.data.images import IMAGE_EXTENSIONS
 from visim_jax.errors import UserError
 
@@ -128,32 +127,31 @@ def read_cosis_rows(path: str) -> CosisRows:
   if not os.path.isfile(path):
     raise UserError(f'{path}: CoSIS label file not found')
   rows, lines, header, seen_data = [], [], False, False
-  with open(path, encoding='utf-8', errors='replace') as f:
-    for n, text in enumerate(f, 1):
-      fields = text.split()
-      if not fields:
-        continue
-      if not seen_data and not header and not _is_int(fields[0]):
-        header = True  # e.g. 'ref order1 class1 order2 class2 order3 class3'
-        continue
-      seen_data = True
-      if len(fields) != 7 or not all(_is_int(x) for x in fields):
-        raise UserError(f'{path}:line {n}: expected 7 integers `ref id1 cls1 id2 cls2 id3 cls3`, '
-                         f'got {text.strip()!r}')
-      r = [int(x) for x in fields]
-      cls = r[2::2]
-      if min(r[0::2] + [r[1], r[3], r[5]]) < 0:
-        raise UserError(f'{path}:line {n}: negative image id in {text.strip()!r}')
-      if not all(1 <= c <= 5 for c in cls):
-        raise UserError(f'{path}:line {n}: classes must be in 1..5, got {cls}')
-      if not cls[0] <= cls[1] <= cls[2]:
-        raise UserError(f'{path}:line {n}: classes {cls} decrease, but candidates are listed from closest '
-                         'to farthest')
-      if len({r[0], r[1], r[3], r[5]}) != 4:
-        raise UserError(f'{path}:line {n}: reference and candidates must be four different images: '
-                         f'{text.strip()!r}')
-      rows.append(r)
-      lines.append(n)
+  for n, text in readers.text_lines(path, 'CoSIS label file'):
+    fields = text.split()
+    if not seen_data and not header and not _is_int(fields[0]):
+      header = True  # e.g. 'ref order1 class1 order2 class2 order3 class3'
+      continue
+    seen_data = True
+    if len(fields) != 7 or not all(_is_int(x) for x in fields):
+      raise UserError(f'{path}:line {n}: expected 7 integers `ref id1 cls1 id2 cls2 id3 cls3`, '
+                       f'got {text.strip()!r}')
+    r = [int(x) for x in fields]
+    if max(abs(v) for v in r) > 2**31 - 1:
+      raise UserError(f'{path}:line {n}: an id beyond 2^31 - 1 in {text.strip()!r}')
+    cls = r[2::2]
+    if min(r[0::2] + [r[1], r[3], r[5]]) < 0:
+      raise UserError(f'{path}:line {n}: negative image id in {text.strip()!r}')
+    if not all(1 <= c <= 5 for c in cls):
+      raise UserError(f'{path}:line {n}: classes must be in 1..5, got {cls}')
+    if not cls[0] <= cls[1] <= cls[2]:
+      raise UserError(f'{path}:line {n}: classes {cls} decrease, but candidates are listed from closest '
+                       'to farthest')
+    if len({r[0], r[1], r[3], r[5]}) != 4:
+      raise UserError(f'{path}:line {n}: reference and candidates must be four different images: '
+                       f'{text.strip()!r}')
+    rows.append(r)
+    lines.append(n)
   if not rows:
     raise UserError(f'{path}: no annotation rows')
   return CosisRows(np.asarray(rows, np.int64), np.asarray(lines, np.int32), header, path)
@@ -202,20 +200,17 @@ def read_filename_dict(path: str) -> dict[str, str]:
   if not os.path.isfile(path):
     raise UserError(f'{path}: filename_dict.txt not found')
   out, where = {}, {}
-  with open(path, encoding='utf-8', errors='replace') as f:
-    for n, text in enumerate(f, 1):
-      fields = text.split()
-      if not fields:
-        continue
-      if n == 1 and not _is_int(fields[0]):
-        continue  # a header
-      if len(fields) != 3 or not _is_int(fields[0]) or fields[1] not in SPLIT_FOLDERS:
-        raise UserError(f'{path}:line {n}: expected `idx split name` with split in {sorted(SPLIT_FOLDERS)}, '
-                         f'got {text.strip()!r}')
-      key = f'{fields[1]}/{int(fields[0])}'
-      if key in out:
-        raise UserError(f'{path}:line {n}: duplicate id {key} (first on line {where[key]})')
-      out[key], where[key] = fields[2], n
+  for n, text in readers.text_lines(path, 'filename_dict.txt'):
+    fields = text.split()
+    if n == 1 and not _is_int(fields[0]):
+      continue  # a header
+    if len(fields) != 3 or not _is_int(fields[0]) or fields[1] not in SPLIT_FOLDERS:
+      raise UserError(f'{path}:line {n}: expected `idx split name` with split in {sorted(SPLIT_FOLDERS)}, '
+                       f'got {text.strip()!r}')
+    key = f'{fields[1]}/{int(fields[0])}'
+    if key in out:
+      raise UserError(f'{path}:line {n}: duplicate id {key} (first on line {where[key]})')
+    out[key], where[key] = fields[2], n
   if not out:
     raise UserError(f'{path}: empty filename dictionary')
   return out
@@ -373,24 +368,24 @@ def load_triplet_csv(path: str, check_files: bool = True) -> Triplets:
     raise UserError(f'{path}: triplet CSV not found')
   base = os.path.dirname(os.path.abspath(path))
   refs, as_, bs, lab, lines = [], [], [], [], []
-  with open(path, newline='', encoding='utf-8', errors='replace') as f:
-    for n, row in enumerate(csv.reader(f), 1):
-      row = [c.strip() for c in row]
-      if not row or not any(row):
-        continue
-      if n == 1 and [c.lower() for c in row[:4]] == ['ref', 'a', 'b', 'label']:
-        continue
-      if len(row) != 4 or not all(row):
-        raise UserError(f'{path}:line {n}: expected 4 fields `ref,a,b,label`, got {row}')
-      l = row[3].lower()
-      if l not in _A_LABELS + _B_LABELS:
-        raise UserError(f'{path}:line {n}: label must be a/1 (A closer) or b/0 (B closer), got {row[3]!r}')
-      p = [os.path.normpath(c if os.path.isabs(c) else os.path.join(base, c)) for c in row[:3]]
-      if check_files:
-        for c, q in zip(row[:3], p):
-          if not os.path.isfile(q):
-            raise UserError(f'{path}:line {n}: image {c!r} not found ({q})')
-      refs.append(p[0]), as_.append(p[1]), bs.append(p[2]), lab.append(l in _A_LABELS), lines.append(n)
+  for n, row in readers.csv_rows(path, 'triplet CSV'):
+    row = [c.strip() for c in row]
+    if not row or not any(row):
+      continue
+    if n == 1 and [c.lower() for c in row[:4]] == ['ref', 'a', 'b', 'label']:
+      continue
+    if len(row) != 4 or not all(row):
+      raise UserError(f'{path}:line {n}: expected 4 fields `ref,a,b,label`, got {row}')
+    l = row[3].lower()
+    if l not in _A_LABELS + _B_LABELS:
+      raise UserError(f'{path}:line {n}: label must be a/1 (A closer) or b/0 (B closer), got {row[3]!r}')
+    p = [os.path.normpath(resolve.inside(base, c, f'{path}:line {n}', col))
+         for c, col in zip(row[:3], ('ref', 'a', 'b'))]
+    if check_files:
+      for c, q in zip(row[:3], p):
+        if not os.path.isfile(q):
+          raise UserError(f'{path}:line {n}: image {c!r} not found ({q})')
+    refs.append(p[0]), as_.append(p[1]), bs.append(p[2]), lab.append(l in _A_LABELS), lines.append(n)
   if not refs:
     raise UserError(f'{path}: no triplet rows')
   z = np.zeros(len(refs), np.int8)
