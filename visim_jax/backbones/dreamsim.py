@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import re
 from typing import Sequence
@@ -67,7 +66,9 @@ import numpy as np
 
 from visim_jax.backbones import vit
 from visim_jax.backbones import weights as weights_lib
+from visim_jax import readers
 from visim_jax.backbones.base import Backbone, sha256_file
+from visim_jax.data import resolve
 from visim_jax.errors import UserError
 from visim_jax.preprocess import Preprocess
 
@@ -238,13 +239,9 @@ def to_flax(branches, sd: dict, where: str = 'weights') -> dict:
 
 def read_lora_config(path: str) -> tuple[float, int]:
   """(scale, r) of a peft LoRA adapter_config.json; refuses what a merge W + scale * B A does not express."""
-  try:
-    with open(path) as f:
-      cfg = json.load(f)
-  except FileNotFoundError:
-    raise UserError(f'{path}: not found (the LoRA adapter config DreamSim writes beside adapter_model.*)') from None
-  except ValueError as e:
-    raise UserError(f'{path}: not valid JSON ({e})') from None
+  if not os.path.isfile(path):
+    raise UserError(f'{path}: not found (the LoRA adapter config DreamSim writes beside adapter_model.*)')
+  cfg = readers.read_json(path, dict, 'LoRA adapter config')
   for field in ('r', 'lora_alpha'):
     if not isinstance(cfg.get(field), (int, float)) or cfg[field] <= 0:
       raise UserError(f'{path}: field {field!r} missing or not a positive number')
@@ -273,6 +270,7 @@ def _find(folder: str, candidates: Sequence[str], what: str) -> str:
   for c in candidates:
     path = os.path.join(folder, c)
     if os.path.isfile(path):
+      resolve.check_tree(folder, [path], what)  # a link out of DreamSim's folder is refused (data/resolve.py)
       return path
   raise UserError(f'{folder}: no {what} (looked for {", ".join(candidates)}); point --checkpoint at the folder '
                   "DreamSim's `dreamsim(pretrained=True, cache_dir=FOLDER)` fills (or the unzipped release "

@@ -48,6 +48,7 @@ import numpy as np
 
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone, sha256_file
+from visim_jax.errors import UserError
 from visim_jax.preprocess import Preprocess
 
 CLIP_MEAN = tuple(255.0 * v for v in (0.48145466, 0.4578275, 0.40821073))
@@ -264,14 +265,19 @@ def read_hf_state(path: str, model_cls, shapes: dict) -> dict:
   if path.endswith('.msgpack'):
     from flax import serialization  # pylint: disable=g-import-not-at-top
     with open(path, 'rb') as f:
-      state = serialization.msgpack_restore(f.read())
+      data = f.read()
+    try:
+      state = serialization.msgpack_restore(data)
+    except Exception as e:  # noqa: BLE001: truncated / not msgpack
+      raise UserError(f'{path}: not a readable flax msgpack file ({type(e).__name__}: '
+                      f'{" ".join(str(e).split())[:120]}); download it again') from None
   else:
     import types  # pylint: disable=g-import-not-at-top
-    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
     from transformers.modeling_flax_pytorch_utils import convert_pytorch_state_dict_to_flax  # pylint: disable=g-import-not-at-top
     shim = types.SimpleNamespace(base_model_prefix=model_cls.base_model_prefix,
                                  params=shapes if 'batch_stats' in shapes else shapes['params'])
-    state = convert_pytorch_state_dict_to_flax(load_file(path), shim)
+    from visim_jax import readers  # pylint: disable=g-import-not-at-top
+    state = convert_pytorch_state_dict_to_flax(readers.read_safetensors(path), shim)
   state = dict(state)
   return state if 'params' in state else {'params': state}
 

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import re
 from typing import Sequence
@@ -59,6 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax import readers
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
 from visim_jax.backbones import vit
@@ -360,8 +360,7 @@ def _hf_preprocessing(where: str, arch: Arch) -> dict:
   path = os.path.join(os.path.dirname(os.path.abspath(where)), 'preprocessor_config.json')
   if not os.path.isfile(path):
     return {'interpolation': 'bicubic', 'processor': 'SiglipImageProcessor defaults (no preprocessor_config.json)'}
-  with open(path) as f:
-    cfg = json.load(f)
+  cfg = readers.read_json(path, dict, 'preprocessor_config.json')
   resample = cfg.get('resample', 3)
   size = cfg.get('size', {'height': arch.image_size, 'width': arch.image_size})
   problems = []
@@ -419,8 +418,7 @@ def _recorded_preprocessing(path: str, name: str) -> tuple[str, str]:
     raise UserError(f'{path}: its sidecar {sidecar} is missing: it records whether the weights came from Hugging '
                     'Face, big_vision or open_clip, which decides the resize kernel; convert again, or pass '
                     "preprocessing='hf', 'big_vision' or 'open_clip'")
-  with open(sidecar) as f:
-    info = json.load(f)
+  info = readers.read_json(sidecar, dict, 'weights sidecar')
   source = info.get('weights_source')
   if source not in SOURCES:
     raise UserError(f'{sidecar}: no weights_source (hf / big_vision / open_clip) recorded for {name}; convert '

@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-from visim_jax import safe_pickle
+from visim_jax import readers, safe_pickle
 from visim_jax.errors import UserError
 
 CLASSIC_SUFFIXES = ('good', 'ok', 'junk')
@@ -58,8 +58,7 @@ def _strip_name(name: str) -> str:
 
 
 def _read_names(path: str) -> list[tuple[int, str]]:
-  with open(path) as f:
-    return [(i + 1, line.strip()) for i, line in enumerate(f) if line.strip()]
+  return readers.text_lines(path, 'ground-truth list')
 
 
 def load_classic_gt(gt_dir: str, imlist: Sequence[str] | None = None) -> RetrievalGT:
@@ -70,21 +69,21 @@ def load_classic_gt(gt_dir: str, imlist: Sequence[str] | None = None) -> Retriev
     raise FileNotFoundError(f'config.gt_dir: ground-truth folder {gt_dir} not found')
   query_files = sorted(glob.glob(os.path.join(gt_dir, '*_query.txt')))
   if not query_files:
-    raise ValueError(f'{gt_dir}: no *_query.txt files (expected the Oxford/Paris gt_files layout)')
+    raise UserError(f'{gt_dir}: no *_query.txt files (expected the Oxford/Paris gt_files layout)')
   queries = []
   for qf in query_files:
     qid = os.path.basename(qf)[:-len('_query.txt')]
     lines = _read_names(qf)
     if len(lines) != 1:
-      raise ValueError(f'{qf}: expected one line `image x1 y1 x2 y2`, found {len(lines)}')
+      raise UserError(f'{qf}: expected one line `image x1 y1 x2 y2`, found {len(lines)}')
     lineno, line = lines[0]
     fields = line.split()
     if len(fields) != 5:
-      raise ValueError(f'{qf}:{lineno}: expected `image x1 y1 x2 y2`, got {line!r}')
+      raise UserError(f'{qf}:{lineno}: expected `image x1 y1 x2 y2`, got {line!r}')
     try:
       bbox = [float(v) for v in fields[1:]]
     except ValueError:
-      raise ValueError(f'{qf}:{lineno}: bounding box is not 4 numbers: {line!r}') from None
+      raise UserError(f'{qf}:{lineno}: bounding box is not 4 numbers: {line!r}') from None
     lists = {}
     for suffix in CLASSIC_SUFFIXES:
       path = os.path.join(gt_dir, f'{qid}_{suffix}.txt')
@@ -101,7 +100,7 @@ def load_classic_gt(gt_dir: str, imlist: Sequence[str] | None = None) -> Retriev
   imlist = [_strip_name(n) for n in imlist]
   index = {n: i for i, n in enumerate(imlist)}
   if len(index) != len(imlist):
-    raise ValueError('imlist: duplicate database image names')
+    raise UserError('imlist: duplicate database image names')
   gnd = []
   for qid, _, _, lists in queries:
     entry = {}
@@ -109,7 +108,7 @@ def load_classic_gt(gt_dir: str, imlist: Sequence[str] | None = None) -> Retriev
       idx = []
       for path, lineno, name in entries:
         if name not in index:
-          raise ValueError(f'{path}:{lineno}: image {name!r} is not in the database image list')
+          raise UserError(f'{path}:{lineno}: image {name!r} is not in the database image list')
         idx.append(index[name])
       entry[suffix] = np.asarray(idx, np.int64)
     entry['ok'] = np.concatenate([entry['good'], entry['ok']])   # classic positives: good + ok
@@ -119,37 +118,52 @@ def load_classic_gt(gt_dir: str, imlist: Sequence[str] | None = None) -> Retriev
                      gnd=gnd)
 
 
+def _array(value, dtype, where: str, what: str, size: int | None = None) -> np.ndarray:
+  """`value` as a flat `dtype` array (of `size` entries), else one UserError naming `where`."""
+  try:
+    a = np.asarray(value, dtype).reshape(-1)
+  except (ValueError, TypeError, OverflowError):
+    raise UserError(f'{where}: expected {what}, got {str(value)[:60]!r}') from None
+  if size is not None and a.size != size:
+    raise UserError(f'{where}: expected {what}, got {a.size}')
+  return a
+
+
 def load_revisited_gnd(path: str) -> RetrievalGT:
   """gnd_roxford5k.pkl / gnd_rparis6k.pkl (revisited Oxford / Paris), validated."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f'config.gnd: revisited ground truth {path} not found')
   cfg = safe_pickle.load_data_pickle(path)
   if not isinstance(cfg, dict):
-    raise ValueError(f'{path}: expected a dict with imlist, qimlist, gnd; found {type(cfg).__name__}')
+    raise UserError(f'{path}: expected a dict with imlist, qimlist, gnd; found {type(cfg).__name__}')
   for key in ('imlist', 'qimlist', 'gnd'):
     if key not in cfg:
-      raise KeyError(f'{path}: no {key!r} entry (found {sorted(cfg)})')
+      raise UserError(f'{path}: no {key!r} entry (found {sorted(cfg)})')
   imlist = [str(n) for n in cfg['imlist']]
   qimlist = [str(n) for n in cfg['qimlist']]
-  raw = list(cfg['gnd'])
+  raw = cfg['gnd'] if isinstance(cfg['gnd'], (list, tuple, np.ndarray)) else None
+  if raw is None or not all(isinstance(x, (list, tuple, np.ndarray)) for x in (cfg['imlist'], cfg['qimlist'])):
+    raise UserError(f'{path}: imlist, qimlist and gnd must be lists')
+  raw = list(raw)
   if len(raw) != len(qimlist):
-    raise ValueError(f'{path}: {len(raw)} gnd entries for {len(qimlist)} queries')
+    raise UserError(f'{path}: {len(raw)} gnd entries for {len(qimlist)} queries')
   classic = bool(raw) and isinstance(raw[0], dict) and 'ok' in raw[0] and 'easy' not in raw[0]
   gnd, bboxes = [], []
   for q, g in enumerate(raw):
     if not isinstance(g, dict):
-      raise ValueError(f'{path}: gnd[{q}] is a {type(g).__name__}, expected a dict')
+      raise UserError(f'{path}: gnd[{q}] is a {type(g).__name__}, expected a dict')
     entry = {}
     for key in (('ok', 'junk') if classic else ('easy', 'hard', 'junk')):
       if key not in g:
-        raise KeyError(f'{path}: gnd[{q}] has no {key!r} list')
-      idx = np.asarray(g[key], np.int64).reshape(-1)
+        raise UserError(f'{path}: gnd[{q}] has no {key!r} list')
+      idx = _array(g[key], np.int64, f'{path}: gnd[{q}][{key!r}]', 'integer indices')
       if idx.size and (idx.min() < 0 or idx.max() >= len(imlist)):
-        raise ValueError(f'{path}: gnd[{q}][{key!r}] has an index outside [0, {len(imlist)})')
+        raise UserError(f'{path}: gnd[{q}][{key!r}] has an index outside [0, {len(imlist)})')
       entry[key] = idx
     gnd.append(entry)
     bbx = g.get('bbx')
-    bboxes.append(np.asarray(bbx, np.float64).reshape(4) if bbx is not None else np.full(4, np.nan))
+    bboxes.append(_array(bbx, np.float64, f'{path}: gnd[{q}][\'bbx\']', '4 numbers', 4)
+                  if bbx is not None else np.full(4, np.nan))
   return RetrievalGT(protocol='classic' if classic else 'revisited', imlist=imlist, qimlist=qimlist,
                      query_ids=list(qimlist),
                      bboxes=np.asarray(bboxes).reshape(-1, 4), gnd=gnd)
@@ -162,10 +176,10 @@ def load_gt(path: str, imlist: Sequence[str] | None = None) -> RetrievalGT:
   if path.endswith('.pkl'):
     gt = load_revisited_gnd(path)
     if imlist is not None and [_strip_name(n) for n in imlist] != gt.imlist:
-      raise ValueError(f'{path}: its imlist differs from the database names given ({len(gt.imlist)} vs '
+      raise UserError(f'{path}: its imlist differs from the database names given ({len(gt.imlist)} vs '
                        f'{len(imlist)} images, or another order)')
     return gt
-  raise ValueError(f'config.eval.gt: {path} is neither a gt_files folder nor a revisited .pkl')
+  raise UserError(f'config.eval.gt: {path} is neither a gt_files folder nor a revisited .pkl')
 
 
 # ---------------------------------------------------------------------------------------- dataset folders
