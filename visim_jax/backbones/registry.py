@@ -260,15 +260,16 @@ def shape_dim(name: str) -> int:
 def weights_status(name: str) -> str:
   """One line: are NAME's real weights on this machine, and if not, the command that puts them there. Reads only
   the file system (no jax, no network)."""
-  from visim_jax.backbones import weights as weights_lib  # pylint: disable=g-import-not-at-top
+  from visim_jax.backbones import store  # pylint: disable=g-import-not-at-top
   name = canonical(name)
   source = _REGISTRY[name].weights
-  local = weights_lib.default_location(name)
+  local = store.default_location(name)
   if source == 'convert':
     path = local + '.safetensors'
     if os.path.isfile(path):
       return f'converted: {path}'
-    return f'needs conversion: {weights_lib.convert_command(name)}'
+    origin = store.checkpoint_source(name)
+    return f'needs conversion: {store.convert_command(name)}' + (f' (from {origin})' if origin else '')
   if source.startswith('hf:'):
     hub_id = source[3:]
     if os.path.isfile(os.path.join(local, 'config.json')):
@@ -293,11 +294,14 @@ def weights_status(name: str) -> str:
 def listing() -> str:
   """The `--list_backbones` text: per name its pooled size, description and aliases, then (indented) whether its
   weights are on this machine or the command that puts them there. Data and file look-ups only: instant."""
-  rows = [f'{"name":24s} {"size":>6s}  description [aliases]', f'{"":31s}weights: here, or how to get them']
-  for name, desc in list_backbones().items():
+  names = list_backbones()
+  w = max(len(n) for n in names)  # the name column fits the longest name: sizes and descriptions stay aligned
+  pad = ' ' * (w + 1 + 6 + 2)
+  rows = [f'{"name":{w}s} {"size":>6s}  description [aliases]', f'{pad}weights: here, or how to get them']
+  for name, desc in names.items():
     also = aliases_of(name)
     desc += f' [also: {", ".join(also)}]' if also else ''
-    rows += [f'{name:24s} {pooled_dim(name):6d}  {desc}', f'{"":31s}weights: {weights_status(name)}']
+    rows += [f'{name:{w}s} {pooled_dim(name):6d}  {desc}', f'{pad}weights: {weights_status(name)}']
   return '\n'.join(rows)
 
 

@@ -32,6 +32,7 @@ import numpy as np
 from visim_jax.backbones import packaged
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
+from visim_jax.errors import UserError
 from visim_jax.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
 # torchvision cfgs['D'] as blocks of conv widths; a max pool ends every block
@@ -98,6 +99,21 @@ def convert_state_dict(sd: dict, blocks: Sequence[Sequence[int]] = BLOCKS, where
   return {'params': params}
 
 
+def prepare_state_dict(name: str, sd: dict, where: str, tiny: bool = False) -> tuple[dict, dict]:
+  """torchvision VGG16 (the converter's check): the `features.*` conv tensors, checked by convert_state_dict."""
+  sd = {(k[len('module.'):] if k.startswith('module.') else k): v for k, v in sd.items()}
+  blocks = TINY_BLOCKS if tiny else BLOCKS
+  try:
+    variables = convert_state_dict(sd, blocks, where)
+  except ValueError as e:
+    raise UserError(str(e)) from None
+  x = jax.ShapeDtypeStruct((1, 32, 32, 3), np.float32)
+  weights_lib.check_fits(variables, jax.eval_shape(lambda x: VGG(blocks).init(jax.random.PRNGKey(0), x), x),
+                         name, where)
+  keep = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in sd.items() if k.startswith('features.')}
+  return keep, {'architecture': {'blocks': [list(b) for b in blocks]}}
+
+
 def _shapes(blocks):
   x = jax.ShapeDtypeStruct((1, 32, 32, 3), jnp.float32)
   model = VGG(blocks)
@@ -107,7 +123,7 @@ def _shapes(blocks):
 def load_variables(path: str | None, blocks=BLOCKS, name: str = 'vgg16') -> tuple[dict, str]:
   """Flax variables + sha256 of a converted weight file (`backbones/convert.py`; default $VISIM_JAX_WEIGHTS/vgg16.
   safetensors), checked against its sidecar and the architecture."""
-  sd, digest, path = weights_lib.load_converted(name, path)
+  sd, digest, path = weights_lib.load_converted(name, path, package=(CONV_INDICES, prepare_state_dict))
   variables = convert_state_dict(sd, blocks, path)
   _, shapes = _shapes(blocks)
   weights_lib.check_fits(variables, dict(shapes), name, path)

