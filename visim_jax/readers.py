@@ -141,9 +141,12 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
 
 def read_npz(path: str) -> dict[str, np.ndarray]:
   """{name: array} of a .npz of plain numeric arrays (never pickled objects)."""
+  import zipfile  # pylint: disable=g-import-not-at-top
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(f'{path}: no such file')
+  if not zipfile.is_zipfile(path):
+    raise UserError(f'{path}: not a .npz (zip) file; rewrite it with numpy.savez')
   try:
     with np.load(path, allow_pickle=False) as z:
       arrays = {k: z[k] for k in z.files}

@@ -33,7 +33,7 @@ import zipfile
 
 import numpy as np
 
-from visim_jax import ops, readers, safe_pickle
+from visim_jax import readers, safe_pickle
 from visim_jax.backbones import registry
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.store import write_converted  # noqa: F401 (convert.write_converted, as before)
@@ -130,16 +130,20 @@ def read_checkpoint(path: str) -> tuple[dict[str, np.ndarray], str]:
   return {k: v for k, v in sd.items() if isinstance(v, np.ndarray)}, 'state_dict'
 
 
-def _prepare_fn(name: str):
-  target = registry.target(name)
-  module = target.split(':')[0]
+def _prepare_target(name: str) -> tuple[str, str]:
+  """(module, function) of NAME's converter (nothing imported); a family without one fails in one line."""
+  module = registry.target(name).split(':')[0]
   if module in FOLDER_FAMILIES:
-    return getattr(importlib.import_module(module), FOLDER_FAMILIES[module])
+    return module, FOLDER_FAMILIES[module]
   if module not in FAMILIES:
     raise UserError(f'--backbone {name}: its family ({module}) has no converter; families with one: '
                     f'{", ".join(sorted(FAMILIES))}')
   fn = FAMILIES[module]
-  module, fn = fn.split(':') if ':' in fn else (module, fn)
+  return tuple(fn.split(':')) if ':' in fn else (module, fn)
+
+
+def _prepare_fn(name: str):
+  module, fn = _prepare_target(name)
   return getattr(importlib.import_module(module), fn)
 
 
@@ -151,14 +155,14 @@ def convert(backbone: str, checkpoint: str, out: str | None = None, tiny: bool =
   except ValueError as e:
     raise UserError(f'--backbone {backbone}: {str(e).partition(": ")[2]}') from None
   out = weights_lib.converted_path(backbone, out)
-  prepare = _prepare_fn(backbone)
+  _prepare_target(backbone)  # a family without a converter fails before anything is read
   if registry.target(backbone).split(':')[0] in FOLDER_FAMILIES:
-    tensors, extra = prepare(backbone, checkpoint, tiny)
+    tensors, extra = _prepare_fn(backbone)(backbone, checkpoint, tiny)
     info = {'backbone': backbone, 'source': os.path.abspath(checkpoint), 'source_format': 'folder', 'out': out,
             **extra}
     return write_converted(tensors, out, info)
-  sd, fmt = read_checkpoint(checkpoint)
-  tensors, extra = prepare(backbone, sd, checkpoint, tiny)
+  sd, fmt = read_checkpoint(checkpoint)  # bad bytes fail here, before the family (jax) is imported
+  tensors, extra = _prepare_fn(backbone)(backbone, sd, checkpoint, tiny)
   info = {'backbone': backbone, 'source': os.path.abspath(checkpoint), 'source_sha256': sha256_file(checkpoint),
           'source_format': fmt, 'out': out, **extra}
   return write_converted(tensors, out, info)

@@ -1,0 +1,269 @@
+"""The gate for checkpoints (issue 28 items 2, 7 and 8): every malformed checkpoint the converter, the DreamSim folder
+conversion and the weight loaders can meet ends as one user-error line naming the file; a shard index cannot lead
+outside its folder; backbones/ (and the whole package) has no import circle. Fixtures are made in tmp_path.
+"""
+import ast
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+from visim_jax import errors, readers, safe_pickle
+from visim_jax.backbones import convert, dreamsim, packaged, weights
+from visim_jax.errors import UserError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _refused(fn, *names):
+  with pytest.raises(Exception) as info:
+    fn()
+  e = info.value
+  assert errors.is_user_error(e), repr(e)
+  line = errors.one_line(e)
+  assert '\n' not in str(e) and 'Traceback' not in line, line
+  for n in names:
+    assert str(n) in line, (n, line)
+  return line
+
+
+def _safetensors(path, tensors):
+  from safetensors.numpy import save_file
+  save_file(tensors, str(path))
+  return str(path)
+
+
+def _legacy_pth(path, legacy=True):
+  """torch.save of {'w': arange(4)} (the legacy format, or the zip one)."""
+  torch = pytest.importorskip('torch')
+  torch.save({'w': torch.arange(4, dtype=torch.float32)}, str(path), _use_new_zipfile_serialization=not legacy)
+  return str(path)
+
+
+# ------------------------------------------------------------------------------------------ checkpoint readers
+
+def test_malformed_checkpoints_each_end_in_one_line(tmp_path):
+  good = _legacy_pth(tmp_path / 'good.pth')
+  assert list(convert.read_checkpoint(good)[0]['w']) == [0, 1, 2, 3]
+  data = open(good, 'rb').read()
+  cases = {
+      'truncated.pth': data[:len(data) // 2], 'tail.pth': data[:-6], 'empty.pth': b'',
+      'random.pth': np.random.default_rng(0).bytes(4096), 'text.pth': b'not a checkpoint\n' * 20,
+      'bad.safetensors': b'\xff' * 64, 'huge_header.safetensors': struct.pack('<Q', 2**60) + b'{}',
+      'short.safetensors': struct.pack('<Q', 64) + b'{"w":{"dtype":"F32","shape":[1000],"data_offsets":[0,4000]}}    ',
+      'text.npz': b'PK not really\n',
+  }
+  for name, raw in cases.items():
+    p = tmp_path / name
+    p.write_bytes(raw)
+    _refused(lambda: convert.read_checkpoint(str(p)), str(p))
+  np.savez(tmp_path / 'objects.npz', w=np.array([{'a': 1}], dtype=object))       # pickled objects: refused
+  _refused(lambda: convert.read_checkpoint(str(tmp_path / 'objects.npz')), 'objects.npz', 'allow_pickle')
+  with zipfile.ZipFile(tmp_path / 'nodata.pth', 'w') as z:                       # zip, no data.pkl
+    z.writestr('archive/version', '3')
+  _refused(lambda: convert.read_checkpoint(str(tmp_path / 'nodata.pth')), 'nodata.pth', 'data.pkl')
+  with zipfile.ZipFile(_legacy_pth(tmp_path / 'new.pth', legacy=False)) as z, \
+       zipfile.ZipFile(tmp_path / 'nostorage.pth', 'w') as out:                  # data.pkl naming a missing storage
+    for n in z.namelist():
+      if '/data/' not in n:
+        out.writestr(n, z.read(n))
+  _refused(lambda: convert.read_checkpoint(str(tmp_path / 'nostorage.pth')), 'nostorage.pth')
+
+
+def test_torchscript_lookalike_zip_is_one_line(tmp_path):
+  pytest.importorskip('torch')
+  p = tmp_path / 'RN50.pt'
+  with zipfile.ZipFile(p, 'w') as z:                                              # looks like TorchScript, is not
+    z.writestr('RN50/code/__torch__.py', 'def f(x):\n  return x\n')
+    z.writestr('RN50/constants.pkl', b'\x80\x02}.')
+  _refused(lambda: convert.read_checkpoint(str(p)), str(p), 'TorchScript')
+
+
+def test_shard_index_stays_in_its_folder(tmp_path):
+  d = tmp_path / 'model'
+  d.mkdir()
+  _safetensors(d / 'model-1.safetensors', {'a': np.ones(2, np.float32)})
+  _safetensors(tmp_path / 'other.safetensors', {'b': np.ones(2, np.float32)})
+  index = d / 'model.safetensors.index.json'
+  index.write_text(json.dumps({'weight_map': {'a': 'model-1.safetensors'}}))
+  assert list(convert.read_checkpoint(str(index))[0]) == ['a']
+  for shard in ('../other.safetensors', '../../../other.safetensors', str(tmp_path / 'other.safetensors')):
+    index.write_text(json.dumps({'weight_map': {'a': 'model-1.safetensors', 'b': shard}}))
+    _refused(lambda: convert.read_checkpoint(str(index)), f"{index}: weight_map['b']: shard", 'outside')
+  os.symlink(tmp_path / 'other.safetensors', d / 'model-2.safetensors')           # a link out
+  index.write_text(json.dumps({'weight_map': {'b': 'model-2.safetensors'}}))
+  _refused(lambda: convert.read_checkpoint(str(index)), 'symbolic link')
+  for bad, what in (([1, 2], 'JSON list'), ({'weight_map': ['x']}, 'no weight_map'),
+                    ({'weight_map': {'a': 3}}, 'shard file name')):
+    index.write_text(json.dumps(bad))
+    _refused(lambda: convert.read_checkpoint(str(index)), str(index), what)
+  index.write_text('{"weight_map": ')
+  _refused(lambda: convert.read_checkpoint(str(index)), f'{index}:line 1', 'not valid JSON')
+  # a Hugging Face cache snapshot: its files are links into the model's blobs/, which is fine
+  repo = tmp_path / 'hub' / 'models--org--m'
+  (repo / 'blobs').mkdir(parents=True)
+  snap = repo / 'snapshots' / 'abc123'
+  snap.mkdir(parents=True)
+  _safetensors(repo / 'blobs' / 'h1', {'a': np.ones(2, np.float32)})
+  (repo / 'blobs' / 'h2').write_text(json.dumps({'weight_map': {'a': 'model-1.safetensors'}}))
+  os.symlink('../../blobs/h1', snap / 'model-1.safetensors')
+  os.symlink('../../blobs/h2', snap / 'model.safetensors.index.json')
+  assert list(convert.read_checkpoint(str(snap / 'model.safetensors.index.json'))[0]) == ['a']
+
+
+def test_sidecars_configs_and_safe_pickle(tmp_path):
+  w = _safetensors(tmp_path / 'w.safetensors', {'a': np.ones(2, np.float32)})
+  (tmp_path / 'w.safetensors.json').write_text('["sha256"]')
+  _refused(lambda: weights.check_sidecar(w), 'w.safetensors.json', 'JSON list')
+  cfg = tmp_path / 'adapter_config.json'
+  cfg.write_text('[{"r": 16}]')
+  _refused(lambda: dreamsim.read_lora_config(str(cfg)), str(cfg), 'JSON list')
+  cfg.write_bytes(b'{"r": 16, \xff}')
+  _refused(lambda: dreamsim.read_lora_config(str(cfg)), str(cfg), 'not UTF-8')
+  p = tmp_path / 'x.pkl'
+  p.write_bytes(pickle.dumps({'a': [1, 2]})[:-3])
+  _refused(lambda: safe_pickle.load_data_pickle(str(p)), str(p), 'not a readable pickle')
+  p.write_bytes(b'\x80\x09junk')                                                  # an unknown protocol
+  _refused(lambda: safe_pickle.load_data_pickle(str(p)), str(p))
+  _refused(lambda: safe_pickle.load_torch_state_dict(str(p)), str(p))
+  assert issubclass(safe_pickle.UnsafePickleError, UserError)
+  assert readers.read_safetensors(w)['a'].tolist() == [1.0, 1.0]
+
+
+def test_dreamsim_folder_with_bad_or_escaping_files(tmp_path):
+  folder = tmp_path / 'cache'
+  lora = folder / 'dino_vitb16_single_lora'
+  lora.mkdir(parents=True)
+  (lora / 'adapter_config.json').write_text(json.dumps({'r': 4, 'lora_alpha': 8, 'target_modules': ['qkv']}))
+  (lora / 'adapter_model.safetensors').write_bytes(b'\x00' * 16)
+  _refused(lambda: dreamsim.prepare_folder('dreamsim_dino_vitb16', str(folder), tiny=True),
+           'adapter_model.safetensors', 'not a readable .safetensors')
+  os.remove(lora / 'adapter_model.safetensors')
+  _safetensors(tmp_path / 'outside.safetensors', {'a': np.ones(1, np.float32)})
+  os.symlink(tmp_path / 'outside.safetensors', lora / 'adapter_model.safetensors')
+  _refused(lambda: dreamsim.prepare_folder('dreamsim_dino_vitb16', str(folder), tiny=True),
+           'adapter_model.safetensors', 'outside')
+
+
+# ------------------------------------------------------------------------------------------------ the CLIs
+
+def _tree(path):
+  return sorted((os.path.relpath(os.path.join(d, f), path), os.path.getsize(os.path.join(d, f)))
+                for d, _, fs in os.walk(path) for f in fs)
+
+
+def test_converter_cli_refuses_in_one_line_and_writes_nothing(tmp_path):
+  out = tmp_path / 'w'
+  out.mkdir()
+  _safetensors(out / 'keep.safetensors', {'a': np.ones(1, np.float32)})
+  before = _tree(out)
+  (tmp_path / 'cut.pth').write_bytes(open(_legacy_pth(tmp_path / 'g.pth'), 'rb').read()[:-10])
+  index = tmp_path / 'model.safetensors.index.json'
+  index.write_text(json.dumps({'weight_map': {'a': '../../../etc/passwd'}}))
+  env = dict(os.environ, VISIM_JAX_WEIGHTS=str(out), JAX_PLATFORMS='cpu', PYTHONPATH=ROOT)
+  for ckpt in (tmp_path / 'cut.pth', index):
+    r = subprocess.run([sys.executable, '-m', 'visim_jax.backbones.convert', '--backbone=resnet18',
+                        f'--checkpoint={ckpt}'], env=env, capture_output=True, text=True, cwd=str(tmp_path))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and 'Traceback' not in r.stderr, r.stderr[-2000:]
+    assert lines[0].startswith('error: ') and str(ckpt) in lines[0], lines
+  assert _tree(out) == before
+  from visim_jax.backbones import convert_clip                                  # the older CLI: one line too
+  assert convert_clip.main(['--input', str(tmp_path / 'cut.pth'), '--output', str(out / 'x.safetensors')]) == 1
+  assert _tree(out) == before
+
+
+# --------------------------------------------------------------------------------------------- import graph
+
+def _modules(pkg_root):
+  out = {}
+  for d, _, fs in os.walk(pkg_root):
+    for f in fs:
+      if f.endswith('.py'):
+        rel = os.path.relpath(os.path.join(d, f), os.path.dirname(pkg_root))[:-3].replace(os.sep, '.')
+        out[rel.removesuffix('.__init__')] = os.path.join(d, f)
+  return out
+
+
+def import_graph(pkg_root):
+  """{module: modules of the package it imports} from every import statement (ast: nothing is executed), lazy
+  imports inside functions included."""
+  mods = _modules(pkg_root)
+  graph = {m: set() for m in mods}
+  for m, path in mods.items():
+    package = m if path.endswith('__init__.py') else m.rpartition('.')[0]
+    for node in ast.walk(ast.parse(open(path).read())):
+      if isinstance(node, ast.Import):
+        graph[m] |= {a.name for a in node.names if a.name in mods}
+      elif isinstance(node, ast.ImportFrom):
+        base = node.module or ''
+        if node.level:
+          parts = package.split('.')[:len(package.split('.')) - node.level + 1]
+          base = '.'.join(parts + ([base] if base else []))
+        for a in node.names:
+          full = f'{base}.{a.name}'
+          graph[m].add(full if full in mods else base) if (full in mods or base in mods) else None
+  return graph
+
+
+def cycles(graph):
+  """The strongly connected components with more than one module (or a module importing itself)."""
+  index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+  def visit(v):
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on.add(v)
+    for w in sorted(graph[v]):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1 or v in graph[v]:
+        out.append(sorted(comp))
+
+  sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  return out
+
+
+def test_cycle_finder_finds_a_circle(tmp_path):
+  pkg = tmp_path / 'pkg'
+  (pkg / 'sub').mkdir(parents=True)
+  (pkg / '__init__.py').write_text('')
+  (pkg / 'sub' / '__init__.py').write_text('')
+  (pkg / 'a.py').write_text('from pkg.sub import b\n')
+  (pkg / 'sub' / 'b.py').write_text('def f():\n  from .. import c\n')
+  (pkg / 'c.py').write_text('import pkg.a\n')
+  (pkg / 'd.py').write_text('from pkg import a\n')
+  assert cycles(import_graph(str(pkg))) == [['pkg.a', 'pkg.c', 'pkg.sub.b']]
+
+
+def test_visim_jax_has_no_import_circle():
+  graph = import_graph(os.path.join(ROOT, 'visim_jax'))
+  assert 'visim_jax.backbones.store' in graph['visim_jax.backbones.registry']
+  assert cycles(graph) == []
+
+
+def test_lpips_channels_are_the_trunks_widths():
+  from visim_jax.backbones import alexnet, vgg
+  assert packaged.lin_channels('lpips_alex') == tuple(c[0] for c in alexnet.CONVS)
+  assert packaged.lin_channels('lpips_vgg') == tuple(b[-1] for b in vgg.BLOCKS)
