@@ -14,23 +14,12 @@ import zipfile
 import numpy as np
 import pytest
 
-from visim_jax import errors, readers, safe_pickle
+from visim_jax import readers, safe_pickle
 from visim_jax.backbones import convert, dreamsim, packaged, weights
 from visim_jax.errors import UserError
+from user_errors import refused
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _refused(fn, *names):
-  with pytest.raises(Exception) as info:
-    fn()
-  e = info.value
-  assert errors.is_user_error(e), repr(e)
-  line = errors.one_line(e)
-  assert '\n' not in str(e) and 'Traceback' not in line, line
-  for n in names:
-    assert str(n) in line, (n, line)
-  return line
 
 
 def _safetensors(path, tensors):
@@ -62,18 +51,18 @@ def test_malformed_checkpoints_each_end_in_one_line(tmp_path):
   for name, raw in cases.items():
     p = tmp_path / name
     p.write_bytes(raw)
-    _refused(lambda: convert.read_checkpoint(str(p)), str(p))
+    refused(lambda: convert.read_checkpoint(str(p)), str(p))
   np.savez(tmp_path / 'objects.npz', w=np.array([{'a': 1}], dtype=object))       # pickled objects: refused
-  _refused(lambda: convert.read_checkpoint(str(tmp_path / 'objects.npz')), 'objects.npz', 'allow_pickle')
+  refused(lambda: convert.read_checkpoint(str(tmp_path / 'objects.npz')), 'objects.npz', 'allow_pickle')
   with zipfile.ZipFile(tmp_path / 'nodata.pth', 'w') as z:                       # zip, no data.pkl
     z.writestr('archive/version', '3')
-  _refused(lambda: convert.read_checkpoint(str(tmp_path / 'nodata.pth')), 'nodata.pth', 'data.pkl')
+  refused(lambda: convert.read_checkpoint(str(tmp_path / 'nodata.pth')), 'nodata.pth', 'data.pkl')
   with zipfile.ZipFile(_legacy_pth(tmp_path / 'new.pth', legacy=False)) as z, \
        zipfile.ZipFile(tmp_path / 'nostorage.pth', 'w') as out:                  # data.pkl naming a missing storage
     for n in z.namelist():
       if '/data/' not in n:
         out.writestr(n, z.read(n))
-  _refused(lambda: convert.read_checkpoint(str(tmp_path / 'nostorage.pth')), 'nostorage.pth')
+  refused(lambda: convert.read_checkpoint(str(tmp_path / 'nostorage.pth')), 'nostorage.pth')
 
 
 def test_torchscript_lookalike_zip_is_one_line(tmp_path):
@@ -82,7 +71,7 @@ def test_torchscript_lookalike_zip_is_one_line(tmp_path):
   with zipfile.ZipFile(p, 'w') as z:                                              # looks like TorchScript, is not
     z.writestr('RN50/code/__torch__.py', 'def f(x):\n  return x\n')
     z.writestr('RN50/constants.pkl', b'\x80\x02}.')
-  _refused(lambda: convert.read_checkpoint(str(p)), str(p), 'TorchScript')
+  refused(lambda: convert.read_checkpoint(str(p)), str(p), 'TorchScript')
 
 
 def test_shard_index_stays_in_its_folder(tmp_path):
@@ -95,16 +84,16 @@ def test_shard_index_stays_in_its_folder(tmp_path):
   assert list(convert.read_checkpoint(str(index))[0]) == ['a']
   for shard in ('../other.safetensors', '../../../other.safetensors', str(tmp_path / 'other.safetensors')):
     index.write_text(json.dumps({'weight_map': {'a': 'model-1.safetensors', 'b': shard}}))
-    _refused(lambda: convert.read_checkpoint(str(index)), f"{index}: weight_map['b']: shard", 'outside')
+    refused(lambda: convert.read_checkpoint(str(index)), f"{index}: weight_map['b']: shard", 'outside')
   os.symlink(tmp_path / 'other.safetensors', d / 'model-2.safetensors')           # a link out
   index.write_text(json.dumps({'weight_map': {'b': 'model-2.safetensors'}}))
-  _refused(lambda: convert.read_checkpoint(str(index)), 'symbolic link')
+  refused(lambda: convert.read_checkpoint(str(index)), 'symbolic link')
   for bad, what in (([1, 2], 'JSON list'), ({'weight_map': ['x']}, 'no weight_map'),
                     ({'weight_map': {'a': 3}}, 'shard file name')):
     index.write_text(json.dumps(bad))
-    _refused(lambda: convert.read_checkpoint(str(index)), str(index), what)
+    refused(lambda: convert.read_checkpoint(str(index)), str(index), what)
   index.write_text('{"weight_map": ')
-  _refused(lambda: convert.read_checkpoint(str(index)), f'{index}:line 1', 'not valid JSON')
+  refused(lambda: convert.read_checkpoint(str(index)), f'{index}:line 1', 'not valid JSON')
   # a Hugging Face cache snapshot: its files are links into the model's blobs/, which is fine
   repo = tmp_path / 'hub' / 'models--org--m'
   (repo / 'blobs').mkdir(parents=True)
@@ -120,18 +109,18 @@ def test_shard_index_stays_in_its_folder(tmp_path):
 def test_sidecars_configs_and_safe_pickle(tmp_path):
   w = _safetensors(tmp_path / 'w.safetensors', {'a': np.ones(2, np.float32)})
   (tmp_path / 'w.safetensors.json').write_text('["sha256"]')
-  _refused(lambda: weights.check_sidecar(w), 'w.safetensors.json', 'JSON list')
+  refused(lambda: weights.check_sidecar(w), 'w.safetensors.json', 'JSON list')
   cfg = tmp_path / 'adapter_config.json'
   cfg.write_text('[{"r": 16}]')
-  _refused(lambda: dreamsim.read_lora_config(str(cfg)), str(cfg), 'JSON list')
+  refused(lambda: dreamsim.read_lora_config(str(cfg)), str(cfg), 'JSON list')
   cfg.write_bytes(b'{"r": 16, \xff}')
-  _refused(lambda: dreamsim.read_lora_config(str(cfg)), str(cfg), 'not UTF-8')
+  refused(lambda: dreamsim.read_lora_config(str(cfg)), str(cfg), 'not UTF-8')
   p = tmp_path / 'x.pkl'
   p.write_bytes(pickle.dumps({'a': [1, 2]})[:-3])
-  _refused(lambda: safe_pickle.load_data_pickle(str(p)), str(p), 'not a readable pickle')
+  refused(lambda: safe_pickle.load_data_pickle(str(p)), str(p), 'not a readable pickle')
   p.write_bytes(b'\x80\x09junk')                                                  # an unknown protocol
-  _refused(lambda: safe_pickle.load_data_pickle(str(p)), str(p))
-  _refused(lambda: safe_pickle.load_torch_state_dict(str(p)), str(p))
+  refused(lambda: safe_pickle.load_data_pickle(str(p)), str(p))
+  refused(lambda: safe_pickle.load_torch_state_dict(str(p)), str(p))
   assert issubclass(safe_pickle.UnsafePickleError, UserError)
   assert readers.read_safetensors(w)['a'].tolist() == [1.0, 1.0]
 
@@ -142,12 +131,12 @@ def test_dreamsim_folder_with_bad_or_escaping_files(tmp_path):
   lora.mkdir(parents=True)
   (lora / 'adapter_config.json').write_text(json.dumps({'r': 4, 'lora_alpha': 8, 'target_modules': ['qkv']}))
   (lora / 'adapter_model.safetensors').write_bytes(b'\x00' * 16)
-  _refused(lambda: dreamsim.prepare_folder('dreamsim_dino_vitb16', str(folder), tiny=True),
+  refused(lambda: dreamsim.prepare_folder('dreamsim_dino_vitb16', str(folder), tiny=True),
            'adapter_model.safetensors', 'not a readable .safetensors')
   os.remove(lora / 'adapter_model.safetensors')
   _safetensors(tmp_path / 'outside.safetensors', {'a': np.ones(1, np.float32)})
   os.symlink(tmp_path / 'outside.safetensors', lora / 'adapter_model.safetensors')
-  _refused(lambda: dreamsim.prepare_folder('dreamsim_dino_vitb16', str(folder), tiny=True),
+  refused(lambda: dreamsim.prepare_folder('dreamsim_dino_vitb16', str(folder), tiny=True),
            'adapter_model.safetensors', 'outside')
 
 

@@ -12,23 +12,11 @@ import pickle
 import numpy as np
 import pytest
 
-from visim_jax import errors, readers
+from visim_jax import readers
 from visim_jax.data import bapps, images, nights, pairs, resolve, retrieval, things
 from visim_jax.data import triplets as tdata
 from visim_jax.errors import UserError
-
-
-def _refused(fn, *names):
-  """fn() raises a user error whose one line contains every one of `names`; returns that line."""
-  with pytest.raises(Exception) as info:
-    fn()
-  e = info.value
-  assert errors.is_user_error(e), repr(e)
-  line = errors.one_line(e)
-  assert '\n' not in str(e) and 'Traceback' not in line, line
-  for n in names:
-    assert str(n) in line, (n, line)
-  return line
+from user_errors import refused
 
 
 def _touch(path, data=b'x'):
@@ -45,20 +33,20 @@ def test_resolver_refuses_absolute_dotdot_and_links_out(tmp_path):
   _touch(root / 'a' / 'x.png')
   _touch(tmp_path / 'outside' / 'y.png')
   assert resolve.inside(str(root), 'a/x.png', 'f.csv:line 2') == str(root / 'a' / 'x.png')
-  _refused(lambda: resolve.inside(str(root), '/etc/passwd', 'f.csv:line 2', 'ref_path'),
+  refused(lambda: resolve.inside(str(root), '/etc/passwd', 'f.csv:line 2', 'ref_path'),
            'f.csv:line 2: ref_path', "'/etc/passwd'", 'is absolute')
-  _refused(lambda: resolve.inside(str(root), '../outside/y.png', 'f.csv:line 3', 'ref_path'),
+  refused(lambda: resolve.inside(str(root), '../outside/y.png', 'f.csv:line 3', 'ref_path'),
            'f.csv:line 3', "'../outside/y.png'", f'leads outside {root}')
-  _refused(lambda: resolve.inside(str(root), 'a/../../outside/y.png', 'f.csv:line 3'), '..')
+  refused(lambda: resolve.inside(str(root), 'a/../../outside/y.png', 'f.csv:line 3'), '..')
   os.symlink(tmp_path / 'outside' / 'y.png', root / 'a' / 'link.png')
   os.symlink(tmp_path / 'outside', root / 'dirlink')
-  _refused(lambda: resolve.inside(str(root), 'a/link.png', 'f.csv:line 4'), 'symbolic link')
-  _refused(lambda: resolve.inside(str(root), 'dirlink/y.png', 'f.csv:line 5'), 'symbolic link')
+  refused(lambda: resolve.inside(str(root), 'a/link.png', 'f.csv:line 4'), 'symbolic link')
+  refused(lambda: resolve.inside(str(root), 'dirlink/y.png', 'f.csv:line 5'), 'symbolic link')
   os.symlink(root / 'a' / 'x.png', root / 'a' / 'inner.png')                    # a link inside the root: fine
   assert resolve.inside(str(root), 'a/inner.png', 'w') == str(root / 'a' / 'inner.png')
   os.symlink(root, tmp_path / 'alias')                                            # a root that is a link: fine
   assert resolve.inside(str(tmp_path / 'alias'), 'a/x.png', 'w') == str(tmp_path / 'alias' / 'a' / 'x.png')
-  _refused(lambda: resolve.check_tree(str(root), [str(root / 'a' / 'link.png')], 'BAPPS file'),
+  refused(lambda: resolve.check_tree(str(root), [str(root / 'a' / 'link.png')], 'BAPPS file'),
            str(root / 'a' / 'link.png'), 'outside')
   resolve.check_tree(str(root), [str(root / 'a' / 'inner.png'), str(root / 'a' / 'x.png')])
 
@@ -90,11 +78,11 @@ def test_nights_paths_stay_inside_the_folder(tmp_path):
   _touch(tmp_path / 'outside' / 'x.png')
   for bad in ('../outside/x.png', '/etc/passwd', str(tmp_path / 'outside' / 'x.png')):
     root = _nights(tmp_path, [_row(0), _row(1, bad)])
-    _refused(lambda: nights.load(root, 'test'), f'{csv_path}:line 3: ref_path', repr(bad), 'leads outside')
+    refused(lambda: nights.load(root, 'test'), f'{csv_path}:line 3: ref_path', repr(bad), 'leads outside')
   root = _nights(tmp_path, [_row(0), _row(1)])
   os.remove(os.path.join(root, 'ref/000/001.png'))
   os.symlink('/etc/passwd', os.path.join(root, 'ref/000/001.png'))               # a link out: refused too
-  _refused(lambda: nights.load(root, 'test'), f'{csv_path}:line 3', 'symbolic link')
+  refused(lambda: nights.load(root, 'test'), f'{csv_path}:line 3', 'symbolic link')
 
 
 def test_nights_csv_bytes(tmp_path):
@@ -103,11 +91,11 @@ def test_nights_csv_bytes(tmp_path):
   assert t.ids == ['0', '1'] and len(t) == 2
   csv_path = os.path.join(root, 'data.csv')
   root = _nights(tmp_path, [_row(0), _row(1).replace('a cat', 'un chat \xe9')], encoding='latin-1')
-  _refused(lambda: nights.load(root, 'test'), f'{csv_path}:line 3', 'not UTF-8')
+  refused(lambda: nights.load(root, 'test'), f'{csv_path}:line 3', 'not UTF-8')
   root = _nights(tmp_path, [_row(0), '1,1.0,0.0,6,ref/000/001.png\n'])             # a short row
-  _refused(lambda: nights.load(root, 'test'), f'{csv_path}:line 3', 'missing', 'right_path')
+  refused(lambda: nights.load(root, 'test'), f'{csv_path}:line 3', 'missing', 'right_path')
   root = _nights(tmp_path, [_row(0), _row(1).replace('a cat', '"a cat')])          # an unterminated quote
-  _refused(lambda: nights.load(root, 'train'), csv_path)
+  refused(lambda: nights.load(root, 'train'), csv_path)
 
 
 # ----------------------------------------------------------------------------------------------------- THINGS
@@ -125,15 +113,15 @@ def test_things_names_and_lists_stay_inside(tmp_path):
   names.write_text('im0\nim1\n../../x\nim3\n')
   tri = tmp_path / 'tri.txt'
   tri.write_text('0 1 3\n')
-  _refused(lambda: things.load(root, str(tri), 'index0', str(names)), f'{names}:line 3', "'../../x'", 'outside')
+  refused(lambda: things.load(root, str(tri), 'index0', str(names)), f'{names}:line 3', "'../../x'", 'outside')
   names.write_text('im0\nim1\n/etc/passwd\nim3\n')
-  _refused(lambda: things.load(root, str(tri), 'index0', str(names)), f'{names}:line 3', 'absolute')
+  refused(lambda: things.load(root, str(tri), 'index0', str(names)), f'{names}:line 3', 'absolute')
   lst = tmp_path / 'valset.txt'
   lst.write_text('im0 im1 im2\nim0 ../../../etc/passwd im1\n')
-  _refused(lambda: things.load(root, str(lst), 'dreamsim'), f'{lst}:line 2', 'outside')
+  refused(lambda: things.load(root, str(lst), 'dreamsim'), f'{lst}:line 2', 'outside')
   os.symlink('/etc/hostname', os.path.join(root, 'im9.png'))                     # a listed file linking out
   tri.write_text('0 1 4\n')                                                      # sorted: im9 is the fifth
-  _refused(lambda: things.load(root, str(tri), 'index0'), 'im9.png', 'outside')
+  refused(lambda: things.load(root, str(tri), 'index0'), 'im9.png', 'outside')
 
 
 def test_things_bytes_and_integers(tmp_path):
@@ -143,21 +131,21 @@ def test_things_bytes_and_integers(tmp_path):
   assert things.load(root, str(tri), 'index0').triplets.tolist() == [[0, 1, 2], [1, 2, 3]]
   for bad in ('1e29', 'inf', 'nan', '1.5', '99999999999999999999999'):
     tri.write_text(f'0 1 2\n1 {bad} 3\n')
-    _refused(lambda: things.load(root, str(tri), 'index0'), f'{tri}:line 2', bad)
+    refused(lambda: things.load(root, str(tri), 'index0'), f'{tri}:line 2', bad)
   tri.write_bytes(b'0 1 2\n1 2 \xff\n')
-  _refused(lambda: things.load(root, str(tri), 'index0'), f'{tri}:line 2', 'not UTF-8')
+  refused(lambda: things.load(root, str(tri), 'index0'), f'{tri}:line 2', 'not UTF-8')
   osf = tmp_path / 'osf.csv'
   osf.write_text('image1\timage2\timage3\tchoice\n1\t2\t3\t1\n1\t2\t4\t1e29\n')
-  _refused(lambda: things.load(root, str(osf)), f'{osf}:line 3', '1e29', '2147483647')
+  refused(lambda: things.load(root, str(osf)), f'{osf}:line 3', '1e29', '2147483647')
   names = tmp_path / 'names.txt'
   names.write_bytes(b'im0\nim1\n\xe9\n')
   tri.write_text('0 1 2\n')
-  _refused(lambda: things.load(root, str(tri), 'index0', str(names)), f'{names}:line 3', 'not UTF-8')
+  refused(lambda: things.load(root, str(tri), 'index0', str(names)), f'{names}:line 3', 'not UTF-8')
 
 
 # ------------------------------------------------------------------------------------------- BAPPS, TLL, CSV
 
-def test_bapps_and_tll_files_linking_out_are_refused(tmp_path):
+def test_bapps_and_tll_files_linking_out_arerefused(tmp_path):
   s = tmp_path / 'bapps' / 'jnd' / 'val' / 'cnn'
   for part in ('p0', 'p1'):
     _touch(s / part / '000000.png')
@@ -167,17 +155,17 @@ def test_bapps_and_tll_files_linking_out_are_refused(tmp_path):
   os.symlink('/etc/hostname', s / 'p1' / '000001.png')
   np.save(s / 'same' / '000001.npy', np.float32(0.5))
   _touch(s / 'p0' / '000001.png')
-  _refused(lambda: bapps.load_jnd(str(tmp_path / 'bapps'), 'cnn'), str(s / 'p1' / '000001.png'), 'outside')
+  refused(lambda: bapps.load_jnd(str(tmp_path / 'bapps'), 'cnn'), str(s / 'p1' / '000001.png'), 'outside')
   tll = tmp_path / 'tll'
   for side in ('left', 'right'):
     _touch(tll / side / 'a.png')
   assert pairs.load_pairs(str(tll)).names == ['a.png']
   os.symlink('/etc/hostname', tll / 'left' / 'b.png')
   _touch(tll / 'right' / 'b.png')
-  _refused(lambda: pairs.load_pairs(str(tll)), str(tll / 'left' / 'b.png'), 'outside')
+  refused(lambda: pairs.load_pairs(str(tll)), str(tll / 'left' / 'b.png'), 'outside')
   sub = tmp_path / 'subset.csv'
   sub.write_bytes(b',TLL_obj\n0,a.png\n1,\xff.png\n')
-  _refused(lambda: pairs.read_subset(str(sub)), f'{sub}:line 3', 'not UTF-8')
+  refused(lambda: pairs.read_subset(str(sub)), f'{sub}:line 3', 'not UTF-8')
 
 
 def test_generic_triplet_csv_paths_stay_beside_it(tmp_path):
@@ -187,32 +175,32 @@ def test_generic_triplet_csv_paths_stay_beside_it(tmp_path):
   csv_path.write_text('\ufeffref,a,b,label\nr.png,x.png,y.png,a\n', encoding='utf-8')
   assert len(tdata.load_triplet_csv(str(csv_path))) == 1
   csv_path.write_text(f'r.png,x.png,{tmp_path / "set" / "y.png"},a\n')
-  _refused(lambda: tdata.load_triplet_csv(str(csv_path)), f'{csv_path}:line 1: b', 'absolute')
+  refused(lambda: tdata.load_triplet_csv(str(csv_path)), f'{csv_path}:line 1: b', 'absolute')
   csv_path.write_text('r.png,../set/x.png,y.png,a\n')
-  _refused(lambda: tdata.load_triplet_csv(str(csv_path)), f'{csv_path}:line 1: a', 'outside')
+  refused(lambda: tdata.load_triplet_csv(str(csv_path)), f'{csv_path}:line 1: a', 'outside')
   d = tmp_path / 'dist_1.txt'
   d.write_text('1 2 1 3 2 99999999999999999999 3\n')
-  _refused(lambda: tdata.read_cosis_rows(str(d)), f'{d}:line 1', '2^31')
+  refused(lambda: tdata.read_cosis_rows(str(d)), f'{d}:line 1', '2^31')
   d.write_bytes(b'1 2 1 3 2 4 3\n\xfe\n')
-  _refused(lambda: tdata.read_cosis_rows(str(d)), f'{d}:line 2', 'not UTF-8')
+  refused(lambda: tdata.read_cosis_rows(str(d)), f'{d}:line 2', 'not UTF-8')
 
 
 def test_retrieval_ground_truth_with_bad_values(tmp_path):
   p = tmp_path / 'gnd_x.pkl'
   p.write_bytes(pickle.dumps({'imlist': ['a', 'b'], 'qimlist': ['a'],
                               'gnd': [{'easy': ['zero'], 'hard': [], 'junk': [], 'bbx': [0, 0, 1, 1]}]}))
-  _refused(lambda: retrieval.load_revisited_gnd(str(p)), str(p), "gnd[0]['easy']", 'integer')
+  refused(lambda: retrieval.load_revisited_gnd(str(p)), str(p), "gnd[0]['easy']", 'integer')
   p.write_bytes(pickle.dumps({'imlist': ['a'], 'qimlist': ['a'], 'gnd': 'x'}))
-  _refused(lambda: retrieval.load_revisited_gnd(str(p)), str(p), 'lists')
+  refused(lambda: retrieval.load_revisited_gnd(str(p)), str(p), 'lists')
   p.write_bytes(pickle.dumps({'imlist': ['a']})[:-5])                               # truncated pickle
-  _refused(lambda: retrieval.load_revisited_gnd(str(p)), str(p), 'not a readable pickle')
+  refused(lambda: retrieval.load_revisited_gnd(str(p)), str(p), 'not a readable pickle')
   gt = tmp_path / 'gt'
   _touch(gt / 'q_1_query.txt', b'a 0 0 1 1\n')
   for s in ('good', 'ok', 'junk'):
     _touch(gt / f'q_1_{s}.txt', b'b\n')
   assert len(retrieval.load_classic_gt(str(gt))) == 1
   _touch(gt / 'q_1_good.txt', b'b\n\xff\n')
-  _refused(lambda: retrieval.load_classic_gt(str(gt)), 'q_1_good.txt:line 2', 'not UTF-8')
+  refused(lambda: retrieval.load_classic_gt(str(gt)), 'q_1_good.txt:line 2', 'not UTF-8')
 
 
 # ---------------------------------------------------------------------------------------------------- readers
@@ -220,19 +208,19 @@ def test_retrieval_ground_truth_with_bad_values(tmp_path):
 def test_readers_one_line_each(tmp_path):
   assert readers.to_int(' 7 ', 'w') == 7 and readers.to_int('7.0', 'w') == 7 and readers.to_int('+3', 'w') == 3
   for bad in ('1e29', 'inf', '-inf', 'nan', '1.5', 'x', ''):
-    _refused(lambda: readers.to_int(bad, 'f.txt:line 9', -2**31, 2**31 - 1, 'index'), 'f.txt:line 9: index')
+    refused(lambda: readers.to_int(bad, 'f.txt:line 9', -2**31, 2**31 - 1, 'index'), 'f.txt:line 9: index')
   j = tmp_path / 'index.json'
   j.write_text('[1, 2]')
-  _refused(lambda: readers.read_json(str(j), dict, 'shard index'), str(j), 'JSON list', 'JSON object')
+  refused(lambda: readers.read_json(str(j), dict, 'shard index'), str(j), 'JSON list', 'JSON object')
   j.write_text('{"a": ')
-  _refused(lambda: readers.read_json(str(j)), f'{j}:line 1', 'not valid JSON')
+  refused(lambda: readers.read_json(str(j)), f'{j}:line 1', 'not valid JSON')
   j.write_text('[' * 100000 + ']' * 100000)
-  _refused(lambda: readers.read_json(str(j)), str(j))
+  refused(lambda: readers.read_json(str(j)), str(j))
   j.write_bytes('\ufeff{"a": 1}'.encode())
   assert readers.read_json(str(j)) == {'a': 1}
   c = tmp_path / 't.csv'
   c.write_text('a,b,c\n1,2,3\n\n4,5\n')
-  _refused(lambda: readers.csv_table(str(c), ('a', 'c')), f'{c}:line 4', "missing ['c']")
+  refused(lambda: readers.csv_table(str(c), ('a', 'c')), f'{c}:line 4', "missing ['c']")
   c.write_bytes(b'\xef\xbb\xbfid,x\n1,2\n')
   assert readers.csv_table(str(c), ('id',)) == (['id', 'x'], [(2, {'id': '1'})])
 
@@ -247,7 +235,7 @@ def test_undecodable_images_name_the_file(tmp_path, monkeypatch):
   cases = {'cut.png': data[:len(data) // 2], 'empty.png': b'', 'text.png': b'hello, not a png\n'}
   for name, raw in cases.items():
     p = _touch(tmp_path / name, raw)
-    line = _refused(lambda: images.open_rgb(p), p)
+    line = refused(lambda: images.open_rgb(p), p)
     assert isinstance(images.ImageError(line), UserError)
   monkeypatch.setattr(Image, 'MAX_IMAGE_PIXELS', 64 * 64 // 4)                    # 64 x 64 > 2 x the limit: a bomb
-  _refused(lambda: images.open_rgb(str(ok)), str(ok), 'decompression bomb')
+  refused(lambda: images.open_rgb(str(ok)), str(ok), 'decompression bomb')

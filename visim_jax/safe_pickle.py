@@ -10,6 +10,8 @@ Two readers are built on it:
   Only `collections.OrderedDict`, `torch._utils._rebuild_tensor(_v2)` and the typed `torch.*Storage`
   classes are accepted; no torch import happens.
 - `load_data_pickle(path)`: plain containers + numpy arrays (e.g. the revisited Oxford/Paris ground truth).
+Every failure is a `UserError` naming the file (one line on the command line): `UnsafePickleError` for a refused
+global, `BadPickleError` for a truncated, empty, random or foreign file (both are ValueErrors too).
 """
 from __future__ import annotations
 
