@@ -239,3 +239,24 @@ def test_undecodable_images_name_the_file(tmp_path, monkeypatch):
     assert isinstance(images.ImageError(line), UserError)
   monkeypatch.setattr(Image, 'MAX_IMAGE_PIXELS', 64 * 64 // 4)                    # 64 x 64 > 2 x the limit: a bomb
   refused(lambda: images.open_rgb(str(ok)), str(ok), 'decompression bomb')
+
+
+# ------------------------------------------------------------------------------------------- end to end (CLI)
+
+def test_benchmark_cli_refuses_a_nights_path_out_of_its_folder(tmp_path):
+  """`python -m visim_jax.main` on a NIGHTS folder whose data.csv names ../../../etc/passwd: exit 1, one line naming
+  the file and line, no traceback, the workdir's files as they were (the runtime's .lock aside)."""
+  import subprocess
+  import sys
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = _nights(tmp_path, [_row(0, '../../../etc/passwd')])
+  work = tmp_path / 'work'
+  _touch(work / 'note.txt', b'keep')
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=repo)
+  r = subprocess.run([sys.executable, '-m', 'visim_jax.main', f'--config={repo}/configs/benchmark.py',
+                      f'--workdir={work}', f'--config.nights_dir={root}', '--config.nights_splits=test',
+                      f'--config.cache_dir={tmp_path / "cache"}'], env=env, capture_output=True, text=True)
+  lines = r.stderr.strip().splitlines()
+  assert r.returncode == 1 and len(lines) == 1 and 'Traceback' not in r.stderr, r.stderr[-3000:]
+  assert lines[0].startswith(f'error: {root}/data.csv:line 2: ref_path') and 'leads outside' in lines[0], lines
+  assert sorted(set(os.listdir(work)) - {'.lock'}) == ['note.txt'] and (work / 'note.txt').read_bytes() == b'keep'
