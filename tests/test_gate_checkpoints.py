@@ -140,6 +140,12 @@ def test_dreamsim_folder_with_bad_or_escaping_files(tmp_path):
            'adapter_model.safetensors', 'outside')
 
 
+def test_weights_of_another_architecture(tmp_path):
+  p = _safetensors(tmp_path / 'other.safetensors', {'blocks.0.attn.weight': np.ones((2, 2, 2), np.float32)})
+  refused(lambda: convert.convert('resnet18', p, str(tmp_path / 'out.safetensors'), tiny=True), p, 'unexpected entry')
+  assert not (tmp_path / 'out.safetensors').exists()
+
+
 # ------------------------------------------------------------------------------------------------ the CLIs
 
 def _tree(path):

@@ -37,6 +37,7 @@ import numpy as np
 
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
+from visim_jax.errors import UserError
 from visim_jax.preprocess import Preprocess
 
 CLIP_MEAN = tuple(255.0 * v for v in (0.48145466, 0.4578275, 0.40821073))
@@ -172,10 +173,10 @@ def infer_arch(sd: dict, where: str = 'weights') -> Arch:
     output_dim = int(sd['attnpool.c_proj.weight'].shape[0])
     grid = int(round((sd['attnpool.positional_embedding'].shape[0] - 1) ** 0.5))
   except KeyError as e:
-    raise ValueError(f'{where}: not a CLIP ModifiedResNet visual state dict (missing {e}); ViT CLIP models are '
+    raise UserError(f'{where}: not a CLIP ModifiedResNet visual state dict (missing {e}); ViT CLIP models are '
                      'loaded through the HF family clip_vit_*') from None
   if min(layers) < 1:
-    raise ValueError(f'{where}: not a CLIP ModifiedResNet (residual layers {layers})')
+    raise UserError(f'{where}: not a CLIP ModifiedResNet (residual layers {layers})')
   return Arch(layers, width, output_dim, grid * 32)
 
 
@@ -210,7 +211,7 @@ def convert_state_dict(sd: dict, where: str = 'weights') -> dict:
     elif leaf == 'weight' and v.ndim == 4:
       put(params, path[:-1] + ['kernel'], np.transpose(v, (2, 3, 1, 0)))
     else:
-      raise ValueError(f'{where}: unexpected entry {key} {v.shape} for a CLIP ModifiedResNet')
+      raise UserError(f'{where}: unexpected entry {key} {v.shape} for a CLIP ModifiedResNet')
   return {'params': params, 'batch_stats': stats}
 
 
@@ -236,13 +237,13 @@ def load_variables(path: str, want: Arch, name: str) -> tuple[dict, str]:
   sd = strip_prefix(read_weights(path))
   arch = infer_arch(sd, path)
   if arch != want:
-    raise ValueError(f'{name}: {path} holds a different CLIP ResNet ({arch}); {name} is {want}')
+    raise UserError(f'{name}: {path} holds a different CLIP ResNet ({arch}); {name} is {want}')
   variables = convert_state_dict(sd, path)
   _, shapes = _module_shapes(arch)
   got = jax.tree.map(lambda a: a.shape, variables)
   expected = jax.tree.map(lambda a: tuple(a.shape), dict(shapes))
   if got != expected:
-    raise ValueError(f'{name}: {path}: converted weights do not fit the architecture {arch}')
+    raise UserError(f'{name}: {path}: converted weights do not fit the architecture {arch}')
   return variables, digest
 
 
@@ -250,9 +251,9 @@ def clip_resnet(name: str, weights: str | None = None, random_init: int | None =
                 layers: str | Sequence[str] | None = None) -> Backbone:
   """A CLIP ResNet backbone: converted weights (offline), `random_init=SEED`, or `tiny=True` (random, tiny)."""
   if name not in ARCHS:
-    raise ValueError(f'unknown CLIP ResNet {name!r}; known: {", ".join(ARCHS)}')
+    raise UserError(f'unknown CLIP ResNet {name!r}; known: {", ".join(ARCHS)}')
   if weights is not None and random_init is not None:
-    raise ValueError(f'{name}: weights= and random_init= are exclusive')
+    raise UserError(f'{name}: weights= and random_init= are exclusive')
   arch = TINY if tiny else ARCHS[name]
   if weights is None and (tiny or random_init is not None):
     seed = 0 if random_init is None else int(random_init)
@@ -270,7 +271,7 @@ def clip_resnet(name: str, weights: str | None = None, random_init: int | None =
   layers = tuple(layers) if layers else DEFAULT_LAYERS
   unknown = set(layers) - {'stem', 'stage1', 'stage2', 'stage3', 'stage4', 'attnpool'}
   if unknown:
-    raise ValueError(f'{name}: layers={sorted(unknown)} unknown; stages: stem, stage1..stage4, attnpool')
+    raise UserError(f'{name}: layers={sorted(unknown)} unknown; stages: stem, stage1..stage4, attnpool')
   return Backbone(
       name=name,
       apply_fn=functools.partial(apply_clip_resnet, arch),

@@ -25,6 +25,7 @@ import numpy as np
 
 from visim_jax import safe_pickle
 from visim_jax.backbones.base import Backbone, sha256_file
+from visim_jax.errors import UserError
 from visim_jax.preprocess import Preprocess
 
 # (repeats, kernel, stride, expand ratio, in, out) of EfficientNet-B0 / Lite0 (width 1.0, depth 1.0)
@@ -144,7 +145,7 @@ def convert_state_dict(sd: dict[str, np.ndarray]) -> dict[str, Any]:
     for p in path[:-1]:
       tree = tree.setdefault(p, {})
     if path[-1] in tree:
-      raise ValueError(f'duplicate key {path}')
+      raise UserError(f'duplicate key {path}')
     tree[path[-1]] = jnp.asarray(value)
 
   bn_map = {'weight': (params, 'scale'), 'bias': (params, 'bias'),
@@ -167,7 +168,7 @@ def convert_state_dict(sd: dict[str, np.ndarray]) -> dict[str, Any]:
     elif leaf == 'weight' and v.ndim == 4:  # OIHW -> HWIO (depthwise: (C,1,k,k) -> (k,k,1,C))
       put(params, path[:-1] + ['kernel'], np.transpose(v, (2, 3, 1, 0)))
     else:
-      raise ValueError(f'unexpected key in EfficientNet-Lite0 state dict: {key} {v.shape}')
+      raise UserError(f'unexpected key in EfficientNet-Lite0 state dict: {key} {v.shape}')
   return {'params': params, 'batch_stats': stats}
 
 
@@ -205,7 +206,7 @@ def efficientnet_lite0(weights: str | None = None, random_init: int | None = Non
     got_shapes = jax.tree.map(lambda a: a.shape, variables)
     want_shapes = jax.tree.map(lambda a: a.shape, expected)
     if got_shapes != want_shapes:
-      raise ValueError(f'{path}: converted weights do not match the EfficientNet-Lite0 architecture')
+      raise UserError(f'{path}: converted weights do not match the EfficientNet-Lite0 architecture')
     weights_id = sha256_file(path)
   return Backbone(
       name='efficientnet_lite0',

@@ -40,6 +40,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import os
 from typing import Sequence
 
 import jax
@@ -208,7 +209,7 @@ def apply_hf(module_class, module_kwargs: dict, config, family: str, variables, 
   """Pure (final, stages) of a transformers Flax module on a normalised NHWC batch, computed at x.dtype."""
   if family == 'dinov2':
     if x.shape[1] != x.shape[2]:
-      raise ValueError(f'dinov2: square inputs only, got {x.shape}')
+      raise UserError(f'dinov2: square inputs only, got {x.shape}')
     config, variables = _dinov2_at_size(config, variables, x.shape[1])
   module = module_class(config=config, dtype=x.dtype, **module_kwargs)
   out = module.apply(variables, x, deterministic=True, output_hidden_states=True, return_dict=True)
@@ -248,7 +249,7 @@ def _random_variables(module, size: int, seed: int):
 def _check_arch(name: str, folder: str, want: dict, config) -> None:
   for k in _ARCH_FIELDS:
     if k in want and hasattr(config, k) and list(np.atleast_1d(getattr(config, k))) != list(np.atleast_1d(want[k])):
-      raise ValueError(f'{name}: weights in {folder} are a different architecture: config.json {k}='
+      raise UserError(f'{name}: weights in {folder} are a different architecture: config.json {k}='
                        f'{getattr(config, k)!r}, {name} expects {want[k]!r}')
 
 
@@ -301,15 +302,21 @@ def select_variables(state: dict, shapes: dict, prefix: str, where: str) -> dict
       continue
     out[key] = value.astype(np.float32) if np.issubdtype(value.dtype, np.floating) else value
   if missing or wrong:
-    raise ValueError(f'{where}: weights do not fit the architecture ({len(missing)} missing, e.g. {missing[:3]}; '
+    raise UserError(f'{where}: weights do not fit the architecture ({len(missing)} missing, e.g. {missing[:3]}; '
                      f'{len(wrong)} of a wrong shape, e.g. {wrong[:3]})')
   return unflatten_dict(out)
 
 
 def _load_pretrained(name: str, want: dict, folder: str, family: str):
-  config_cls, model_cls, module_kwargs = _classes(family)
+  from visim_jax import readers  # pylint: disable=g-import-not-at-top
   path = weights_lib.hf_weight_file(folder, name)
-  config = config_cls.from_pretrained(folder, local_files_only=True)
+  readers.read_json(os.path.join(folder, 'config.json'), dict, 'config.json')  # bad bytes / a list: one line
+  config_cls, model_cls, module_kwargs = _classes(family)
+  try:
+    config = config_cls.from_pretrained(folder, local_files_only=True)
+  except Exception as e:  # noqa: BLE001: transformers' own refusal of a config it cannot read
+    raise UserError(f'{os.path.join(folder, "config.json")}: transformers cannot read it as a {config_cls.__name__} '
+                    f'({type(e).__name__}: {" ".join(str(e).split())[:160]})') from None
   _check_arch(name, folder, want, config)
   module = model_cls.module_class(config=config, **module_kwargs)
   size = _image_size(family, config, tiny=False)
@@ -324,11 +331,11 @@ def hf_backbone(name: str, weights: str | None = None, random_init: int | None =
                 layers: str | Sequence[str] | None = None) -> Backbone:
   """A registered HF Flax backbone: pretrained (offline-first), `random_init=SEED`, or `tiny=True` (random)."""
   if name not in SPECS:
-    raise ValueError(f'unknown HF backbone {name!r}; known: {", ".join(sorted(SPECS))}')
+    raise UserError(f'unknown HF backbone {name!r}; known: {", ".join(sorted(SPECS))}')
   spec = SPECS[name]
   config_cls, model_cls, module_kwargs = _classes(spec.family)
   if weights is not None and random_init is not None:
-    raise ValueError(f'{name}: weights= and random_init= are exclusive')
+    raise UserError(f'{name}: weights= and random_init= are exclusive')
   want = TINY[spec.family] if tiny else spec.config
   if weights is None and (tiny or random_init is not None):
     seed = 0 if random_init is None else int(random_init)
@@ -355,6 +362,6 @@ def hf_backbone(name: str, weights: str | None = None, random_init: int | None =
   if layers is not None:
     unknown = set(backbone.layers) - set(backbone.stage_names())
     if unknown:
-      raise ValueError(f'{name}: layers={sorted(unknown)} unknown; stages: {", ".join(backbone.stage_names())}')
+      raise UserError(f'{name}: layers={sorted(unknown)} unknown; stages: {", ".join(backbone.stage_names())}')
   return backbone
 

@@ -167,7 +167,7 @@ class SiglipVisionTower(nn.Module):
     x, grid = patch_embed(a, x, d)
     pos = self.param('pos_embed', nn.initializers.normal(0.02), (1, a.grid * a.grid, a.width))
     if grid != (a.grid, a.grid):
-      raise ValueError(f'SigLIP input {grid[0] * a.patch}px does not fit the {a.image_size}px position '
+      raise UserError(f'SigLIP input {grid[0] * a.patch}px does not fit the {a.image_size}px position '
                        "embeddings; resize images to the backbone's preprocess.size")
     x = x + pos.astype(d)
     stages = {'embeddings': x}

@@ -89,13 +89,13 @@ def convert_state_dict(sd: dict, blocks: Sequence[Sequence[int]] = BLOCKS, where
     try:
       w, b = np.asarray(sd[f'features.{i}.weight'], np.float32), np.asarray(sd[f'features.{i}.bias'], np.float32)
     except KeyError as e:
-      raise ValueError(f'{where}: not a torchvision VGG16 state dict (missing {e.args[0]})') from None
+      raise UserError(f'{where}: not a torchvision VGG16 state dict (missing {e.args[0]})') from None
     if w.ndim != 4 or w.shape[2:] != (3, 3) or b.shape != w.shape[:1]:
-      raise ValueError(f'{where}: features.{i}.weight {w.shape} / bias {b.shape} are not a 3x3 conv')
+      raise UserError(f'{where}: features.{i}.weight {w.shape} / bias {b.shape} are not a 3x3 conv')
     params[f'features_{i}'] = {'kernel': np.transpose(w, (2, 3, 1, 0)), 'bias': b}
   extra = sorted(k for k in sd if k.startswith('features.') and int(k.split('.')[1]) not in conv_indices(blocks))
   if extra:
-    raise ValueError(f'{where}: unexpected entries {extra[:3]} (VGG16 without batch norm expected)')
+    raise UserError(f'{where}: unexpected entries {extra[:3]} (VGG16 without batch norm expected)')
   return {'params': params}
 
 
@@ -142,9 +142,9 @@ def vgg16(weights: str | None = None, random_init: int | None = None, tiny: bool
   ('random:0:tiny:no-weights-at:<path>'), and every metrics.json records that id."""
   name = 'vgg16'
   if weights is not None and random_init is not None:
-    raise ValueError(f'{name}: weights= and random_init= are exclusive')
+    raise UserError(f'{name}: weights= and random_init= are exclusive')
   if missing_weights not in MISSING:
-    raise ValueError(f'config.backbone_kwargs.missing_weights: one of {MISSING}, got {missing_weights!r}')
+    raise UserError(f'config.backbone_kwargs.missing_weights: one of {MISSING}, got {missing_weights!r}')
   default = weights_lib.default_location(name) + '.safetensors'
   fallback = (missing_weights == 'tiny_random' and weights is None and random_init is None and not tiny
               and not packaged.available(name))
@@ -170,7 +170,7 @@ def vgg16(weights: str | None = None, random_init: int | None = None, tiny: bool
   layers = tuple(layers) if layers else DEFAULT_LAYERS
   unknown = sorted(set(layers) - set(STAGES))
   if unknown:
-    raise ValueError(f'{name}: layers={unknown} unknown; stages: {", ".join(STAGES)}')
+    raise UserError(f'{name}: layers={unknown} unknown; stages: {", ".join(STAGES)}')
   return Backbone(
       name=name,
       apply_fn=functools.partial(apply_vgg, blocks),

