@@ -81,12 +81,12 @@ def read_shards(path: str) -> dict[str, np.ndarray]:
   folder = os.path.dirname(path) or '.'
   parent = os.path.dirname(os.path.abspath(folder))
   root = os.path.dirname(parent) if os.path.basename(parent) == 'snapshots' else folder
-  shards = {}
+  shards, inside = {}, resolve.Root(folder, links_within=root).inside
   for key, shard in weight_map.items():
     if not isinstance(shard, str):
       raise UserError(f'{path}: weight_map[{key!r}]: expected a shard file name, got {shard!r:.60}')
     if shard not in shards:
-      shards[shard] = resolve.inside(folder, shard, f'{path}: weight_map[{key!r}]', 'shard', links_within=root)
+      shards[shard] = inside(shard, f'{path}: weight_map[{key!r}]', 'shard')
   missing = [p for p in shards.values() if not os.path.isfile(p)]
   if missing:
     raise UserError(f'{path}: shards missing: {", ".join(missing)}')

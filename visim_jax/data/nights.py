@@ -57,6 +57,7 @@ def load(root: str, split: str = 'test', min_votes: float = MIN_VOTES) -> TwoAFC
   if not os.path.isfile(csv_path):
     raise UserError(f'{csv_path}: NIGHTS data.csv not found (expected nights/data.csv, ref/ and distort/)')
   _, rows = readers.csv_table(csv_path, COLUMNS, 'NIGHTS data.csv')
+  inside = resolve.Root(root).inside
   ids, ref, left, right, judge = [], [], [], [], []
   base, want = split.split('_')[0], None
   if split == 'test_imagenet':
@@ -82,7 +83,7 @@ def load(root: str, split: str = 'test', min_votes: float = MIN_VOTES) -> TwoAFC
                       '(DreamSim reads it as the fraction of voters choosing the right image)')
     ids.append(row['id'].strip())
     for col, out in (('ref_path', ref), ('left_path', left), ('right_path', right)):
-      out.append(resolve.inside(root, row[col].strip(), where, col))
+      out.append(inside(row[col].strip(), where, col))
     judge.append(p)
   if not ref:
     raise UserError(f'{csv_path}: no triplets in split {split!r} with votes >= {min_votes:g}')

@@ -59,10 +59,10 @@ def _image_list(root: str, names_file: str | None) -> list[str]:
   by_stem = {}
   for n in files:
     by_stem.setdefault(os.path.splitext(n)[0], n)
-  out = []
+  out, inside = [], resolve.Root(root).inside
   for line, name in _lines(names_file, 'THINGS names file'):
     name = name.split('\t')[0].strip()
-    path = resolve.inside(root, name, f'{names_file}:line {line}', 'image name')
+    path = inside(name, f'{names_file}:line {line}', 'image name')
     if os.path.isfile(path):
       out.append(path)
     elif name in by_stem:
@@ -177,7 +177,7 @@ def load(root: str, triplets_file: str, form: str = 'auto', names_file: str | No
     raise UserError(f'{triplets_file}: noise_ceiling filters the OSF table only (this file reads as {form!r})')
 
   if form == 'dreamsim':
-    keys, images, tri = {}, [], []
+    keys, images, tri, inside = {}, [], [], resolve.Root(root).inside
     for line, s in _lines(triplets_file):
       parts = s.split()
       if len(parts) != 3:
@@ -185,7 +185,7 @@ def load(root: str, triplets_file: str, form: str = 'auto', names_file: str | No
       for p in parts:
         if p not in keys:
           keys[p] = len(images)
-          images.append(resolve.inside(root, f'{p}.png', f'{triplets_file}:line {line}', 'image name'))
+          images.append(inside(f'{p}.png', f'{triplets_file}:line {line}', 'image name'))
       tri.append([keys[p] for p in parts])
     triplets = np.asarray(tri, np.int32)
     odd = np.full(len(triplets), 2, np.int32)

@@ -368,6 +368,7 @@ def load_triplet_csv(path: str, check_files: bool = True) -> Triplets:
     raise UserError(f'{path}: triplet CSV not found')
   base = os.path.dirname(os.path.abspath(path))
   refs, as_, bs, lab, lines = [], [], [], [], []
+  inside = resolve.Root(base).inside
   for n, row in readers.csv_rows(path, 'triplet CSV'):
     row = [c.strip() for c in row]
     if not row or not any(row):
@@ -379,7 +380,7 @@ def load_triplet_csv(path: str, check_files: bool = True) -> Triplets:
     l = row[3].lower()
     if l not in _A_LABELS + _B_LABELS:
       raise UserError(f'{path}:line {n}: label must be a/1 (A closer) or b/0 (B closer), got {row[3]!r}')
-    p = [os.path.normpath(resolve.inside(base, c, f'{path}:line {n}', col))
+    p = [os.path.normpath(inside(c, f'{path}:line {n}', col))
          for c, col in zip(row[:3], ('ref', 'a', 'b'))]
     if check_files:
       for c, q in zip(row[:3], p):
