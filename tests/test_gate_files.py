@@ -152,6 +152,8 @@ def test_bapps_and_tll_files_linking_out_arerefused(tmp_path):
   (s / 'same').mkdir()
   np.save(s / 'same' / '000000.npy', np.float32(0.5))
   assert len(bapps.load_jnd(str(tmp_path / 'bapps'), 'cnn')['cnn']) == 1
+  refused(lambda: bapps.load_jnd(str(tmp_path / 'bapps'), 'nosuch'), 'nosuch: BAPPS set folder not found',
+          'config.bapps_jnd_sets')
   os.symlink('/etc/hostname', s / 'p1' / '000001.png')
   np.save(s / 'same' / '000001.npy', np.float32(0.5))
   _touch(s / 'p0' / '000001.png')

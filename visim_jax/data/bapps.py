@@ -78,7 +78,7 @@ def _paired(set_dir: str, parts: Sequence[str], value: str) -> tuple[list[str], 
   return sorted(names, key=lambda n: listings[value][n]), listings
 
 
-def _set_names(split_dir: str, sets, published: Sequence[str]) -> list[str]:
+def _set_names(split_dir: str, sets, published: Sequence[str], field: str) -> list[str]:
   if sets is None:
     sets = published
   elif isinstance(sets, str):
@@ -89,7 +89,7 @@ def _set_names(split_dir: str, sets, published: Sequence[str]) -> list[str]:
   for s in sets:
     if not os.path.isdir(os.path.join(split_dir, s)):
       raise UserError(f'{os.path.join(split_dir, s)}: BAPPS set folder not found (published sets here: '
-                      f'{", ".join(published)}; choose some with sets=)')
+                      f'{", ".join(published)}; choose some with {field}, or sets= in Python)')
   return sets
 
 
@@ -120,7 +120,7 @@ def load_2afc(root: str, split: str = 'val', sets=None) -> dict[str, TwoAFCSet]:
     raise UserError(f'{split_dir}: BAPPS 2AFC folder not found (expected <root>/2afc/{split}/<set>/'
                     '{ref,p0,p1,judge}; root is the dataset/ folder of the download)')
   return {s: load_2afc_set(os.path.join(split_dir, s), f'bapps/2afc/{split}/{s}')
-          for s in _set_names(split_dir, sets, TWOAFC_SETS[split])}
+          for s in _set_names(split_dir, sets, TWOAFC_SETS[split], 'config.bapps_sets')}
 
 
 def load_jnd(root: str, sets=None) -> dict[str, JNDSet]:
@@ -130,4 +130,4 @@ def load_jnd(root: str, sets=None) -> dict[str, JNDSet]:
     raise UserError(f'{split_dir}: BAPPS JND folder not found (expected <root>/jnd/val/<set>/{{p0,p1,same}}; '
                     'root is the dataset/ folder of the download)')
   return {s: load_jnd_set(os.path.join(split_dir, s), f'bapps/jnd/{s}')
-          for s in _set_names(split_dir, sets, JND_SETS)}
+          for s in _set_names(split_dir, sets, JND_SETS, 'config.bapps_jnd_sets')}
