@@ -145,7 +145,7 @@ def test_things_bytes_and_integers(tmp_path):
 
 # ------------------------------------------------------------------------------------------- BAPPS, TLL, CSV
 
-def test_bapps_and_tll_files_linking_out_arerefused(tmp_path):
+def test_bapps_and_tll_files_linking_out_are_refused(tmp_path):
   s = tmp_path / 'bapps' / 'jnd' / 'val' / 'cnn'
   for part in ('p0', 'p1'):
     _touch(s / part / '000000.png')
