@@ -12,7 +12,7 @@ Defaults are AligNet's code (configs/siglip.py, losses.py): JSD on soft targets,
 products of an affine 1024-d head, Adam 3e-5 with 5k warm-up steps and cosine decay over 100k steps, weights decayed
 towards their initial values (1.0), batch 512, triplets drawn across cluster borders of 500 k-means clusters.
 `:local`: synthetic features (512 images x 32 dims, a random non-linear teacher), 300 steps. `:demo`: the embedded
-demo photos (data/demo.py, 192 images), VGG16 (packaged weights) as teacher, EfficientNet-Lite0 as student.
+demo photos (data/demo.py, 192 images), AlexNet (packaged weights) as teacher, EfficientNet-Lite0 as student.
 docs/learn_triplets.md has the fidelity table and the measured numbers.
 """
 import ml_collections
@@ -71,7 +71,7 @@ def get_config(arg=None):
     c.eval_every, c.checkpoint_every = 50, 100
   elif arg == 'demo':
     c.source = 'demo'
-    c.backbone, c.teacher.backbone = 'efficientnet_lite0', 'vgg16'
+    c.backbone, c.teacher.backbone = 'efficientnet_lite0', 'alexnet'
     c.triplets.update({'n_train': 20_000, 'n_val': 2_000, 'clusters': 12})
     c.head, c.size, c.similarity, c.tau, c.target_tau = 'affine', 256, 'cosine', 0.05, 0.05
     c.lr, c.warmup_steps, c.steps, c.weight_decay, c.batch_size = 3e-3, 50, 600, 0.0, 256

@@ -2,8 +2,8 @@
 cluster borders, label them with the teacher's similarities.
 
   kmeans(x, k, iters, seed)         Lloyd's algorithm on unit vectors (spherical k-means: assign by the largest
-                                    cosine, centroid = the normalised mean), in JAX; an empty cluster keeps its
-                                    centroid. AligNet: 500 k-means clusters of so400m-SigLIP features.
+                                    cosine, centroid = the normalised mean) from a k-means++ seeding, in JAX; an
+                                    empty cluster keeps its centroid. AligNet: 500 k-means clusters of so400m-SigLIP features.
   sample(labels, n, how, rng)       (n, 3) rows: 'within' = three distinct images of one cluster, 'between' = one
                                     image from each of three distinct clusters, 'border' = two distinct images of one
                                     cluster and one of another (AligNet's class-border, their released default
@@ -45,13 +45,30 @@ def _lloyd(x, c0, k: int, iters: int):
   return c, assign(c)
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _kmeans_pp(x, k: int, key):
+  """k-means++ seeding on unit vectors (distance 1 - cos): each next centre drawn with probability ~ its squared
+  distance to the nearest chosen centre."""
+  m = x.shape[0]
+  first = jax.random.randint(jax.random.fold_in(key, 0), (), 0, m)
+  idx = jnp.zeros(k, jnp.int32).at[0].set(first)
+  d2 = jnp.maximum(1.0 - x @ x[first], 0.0) ** 2
+
+  def body(i, carry):
+    idx, d2 = carry
+    p = d2 / jnp.maximum(d2.sum(), 1e-30)
+    nxt = jax.random.choice(jax.random.fold_in(key, i), m, p=jnp.where(d2.sum() > 0, p, 1.0 / m))
+    return idx.at[i].set(nxt), jnp.minimum(d2, jnp.maximum(1.0 - x @ x[nxt], 0.0) ** 2)
+  idx, _ = jax.lax.fori_loop(1, k, body, (idx, d2))
+  return x[idx]
+
+
 def kmeans(x: np.ndarray, k: int, iters: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-  """(centroids (k, D), labels (M,)) of spherical k-means; initial centroids: k distinct images (seeded)."""
+  """(centroids (k, D), labels (M,)) of spherical k-means, k-means++ seeding (seeded), `iters` Lloyd steps."""
   x = ops.l2_normalize(jnp.asarray(x, jnp.float32))
   if not 1 <= k <= x.shape[0]:
     raise ValueError(f'k-means: k={k} must be in 1..{x.shape[0]} (the number of images)')
-  start = np.random.default_rng(seed).choice(x.shape[0], k, replace=False)
-  c, a = _lloyd(x, x[jnp.asarray(start)], int(k), int(iters))
+  c, a = _lloyd(x, _kmeans_pp(x, int(k), jax.random.PRNGKey(seed)), int(k), int(iters))
   return np.asarray(c), np.asarray(a)
 
 
