@@ -1,0 +1,163 @@
+"""The learn_triplets experiment on tiny synthetic features: learning happens, a killed run resumes identically, 8 fake
+devices give the numbers of 1, every config field is checked, index files of another run train the same head, and
+one end-to-end `:local` through main."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import subprocs
+from visim_jax import runtime
+from visim_jax.errors import UserError
+from visim_jax.experiments import learn_triplets as lt
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'configs'))
+import learn_triplets as cfg  # noqa: E402
+
+
+def tiny(**kw):
+  c = cfg.get_config('local')
+  c.synthetic.update({'n_images': 60, 'dim': 8, 'teacher_dim': 8})
+  c.triplets.update({'n_train': 400, 'n_val': 100, 'clusters': 4})
+  c.steps, c.eval_every, c.checkpoint_every, c.batch_size, c.size, c.plots = 12, 4, 4, 16, 8, False
+  for k, v in kw.items():
+    node = c
+    *path, leaf = k.split('.')
+    for p in path:
+      node = node[p]
+    node[leaf] = v
+  return c
+
+
+def test_learns_and_resumes_identically(tmp_path, monkeypatch):
+  full = lt.run(tiny(steps=40, eval_every=8, checkpoint_every=8, lr=0.3), str(tmp_path / 'full'), progress=False)
+  r = full['results']
+  assert r['trained']['accuracy'] > max(r['frozen']['accuracy'], r['untrained']['accuracy']) + 0.1
+  assert r['trained']['loss'] < r['untrained']['loss']
+  for f in ('head.npz', 'curves.npz', 'metrics.json', 'fingerprint.json'):
+    assert os.path.isfile(tmp_path / 'full' / f)
+  params, meta = lt.load_head(str(tmp_path / 'full' / 'head.npz'))
+  assert meta['head'] == 'affine' and params['w'].shape == (8, 8)
+
+  def kill(phase, step, directory):
+    if phase == 'after_save' and step == 16:
+      raise KeyboardInterrupt('simulated kill')
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', kill)
+  with pytest.raises(KeyboardInterrupt):
+    lt.run(tiny(steps=40, eval_every=8, checkpoint_every=8, lr=0.3), str(tmp_path / 'killed'), progress=False)
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', None)
+  assert not os.path.exists(tmp_path / 'killed' / 'metrics.json')
+  resumed = lt.run(tiny(steps=40, eval_every=8, checkpoint_every=8, lr=0.3), str(tmp_path / 'killed'),
+                   progress=False)
+  assert resumed['results'] == full['results'] and resumed['fingerprint'] == full['fingerprint']
+  a, b = np.load(tmp_path / 'full' / 'curves.npz'), np.load(tmp_path / 'killed' / 'curves.npz')
+  for k in a.files:
+    np.testing.assert_array_equal(a[k], b[k])
+  # a changed field refuses the checkpoints, naming it
+  with pytest.raises(UserError, match=r'different config .*config.lr'):
+    lt.run(tiny(steps=40, eval_every=8, checkpoint_every=8, lr=0.1), str(tmp_path / 'killed'), progress=False)
+
+
+@pytest.mark.parametrize('field, value, match', [
+    ('head', 'lora', 'config.head: one of'),
+    ('loss', 'mse', 'config.loss: one of'),
+    ('similarity', 'l2', 'config.similarity'),
+    ('tau', 0.0, r'config.tau: must be a finite number in \(0'),
+    ('tau', float('nan'), 'config.tau'),
+    ('steps', 0, 'config.steps'),
+    ('batch_size', 0, 'config.batch_size'),
+    ('steps', 10**10, 'config.steps'),
+    ('checkpoint_every', 6, 'config.checkpoint_every: must be a multiple of config.eval_every'),
+    ('triplets.sampling', 'random', 'config.triplets.sampling'),
+    ('triplets.val_fraction', 1.0, 'config.triplets.val_fraction'),
+    ('source', 'imagenet', 'config.source'),
+    ('teacher.similarity', 'l1', 'config.teacher.similarity'),
+    ('synthetic.n_images', 2, 'config.synthetic.n_images'),
+    ('eval_every', 0, 'config.eval_every'),
+])
+def test_config_refusals(tmp_path, field, value, match):
+  with pytest.raises(UserError, match=match) as e:
+    lt.validate_config(tiny(**{field: value}))
+  assert '\n' not in str(e.value)
+
+
+def test_refusals_after_the_data(tmp_path):
+  with pytest.raises(UserError, match='config.batch_size: exceeds the 400 train triplets'):
+    lt.run(tiny(batch_size=512), str(tmp_path / 'a'), progress=False)
+  with pytest.raises(UserError, match=r"config.loss: the triplets hold similarities targets"):
+    lt.run(tiny(loss='hinge'), str(tmp_path / 'b'), progress=False)
+  with pytest.raises(UserError, match='config.source=folder|config.image_dir'):
+    lt.validate_config(tiny(source='folder'))
+  with pytest.raises(UserError, match='config.train_file'):
+    lt.validate_config(tiny(source='files'))
+
+
+WORKER = r"""
+import json, os, sys
+sys.path.insert(0, os.path.join(sys.argv[1], 'tests'))
+import jax
+from test_learn_triplets import tiny
+from visim_jax.experiments import learn_triplets as lt
+m = lt.run(tiny(steps=16, lr=0.3), sys.argv[2], progress=False)
+json.dump({'results': m['results'], 'devices': m['devices']}, open(os.path.join(sys.argv[2], 'out.json'), 'w'))
+import numpy as np
+np.save(os.path.join(sys.argv[2], 'loss.npy'), np.load(os.path.join(sys.argv[2], 'curves.npz'))['loss'])
+"""
+
+
+def test_eight_devices_equal_one(tmp_path):
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '--xla_force_host_platform_device_count=8',
+         'PYTHONPATH': ROOT + os.pathsep + os.environ.get('PYTHONPATH', '')}
+  [(rc, log)] = subprocs.run_all([dict(args=[sys.executable, '-c', WORKER, ROOT, str(tmp_path / 'eight')], env=env,
+                                       cwd=ROOT)])
+  assert rc == 0, log[-3000:]
+  got = json.load(open(tmp_path / 'eight' / 'out.json'))
+  assert got['devices'] == 8
+  one = lt.run(tiny(steps=16, lr=0.3), str(tmp_path / 'one'), progress=False)
+  assert one['devices'] == 1
+  np.testing.assert_allclose(np.load(tmp_path / 'eight' / 'loss.npy'),
+                             np.load(tmp_path / 'one' / 'curves.npz')['loss'], rtol=2e-5, atol=1e-6)
+  for k in ('frozen', 'untrained', 'trained'):
+    for m in ('accuracy', 'loss'):
+      np.testing.assert_allclose(got['results'][k][m], one['results'][k][m], rtol=2e-5, atol=1e-6)
+
+
+def test_index_files_train_the_same_head(tmp_path):
+  """source=files on the index files another run wrote (images checked on disk first)."""
+  from visim_jax import teacher_triplets, triplet_stream
+  from PIL import Image
+  names = []
+  for i in range(12):
+    p = tmp_path / f'{i}.png'
+    Image.new('RGB', (8, 8), (20 * i, 0, 0)).save(p)
+    names.append(str(p))
+  rng = np.random.RandomState(0)
+  tr, va = teacher_triplets.generate(rng.randn(12, 4).astype(np.float32), names, 40, 10, clusters=3,
+                                     val_fraction=0.34)
+  triplet_stream.save(str(tmp_path / 't.npz'), tr)
+  triplet_stream.save(str(tmp_path / 'v.npz'), va)
+  os.remove(names[0])
+  c = tiny(source='files', train_file=str(tmp_path / 't.npz'), val_file=str(tmp_path / 'v.npz'))
+  c.backbone, c.backbone_kwargs.tiny, c.cache_dir = 'alexnet', True, str(tmp_path / 'cache')
+  with pytest.raises(UserError, match=f'{names[0]}: image not found'):
+    lt.run(c, str(tmp_path / 'w'), progress=False)
+
+
+def test_local_end_to_end(tmp_path):
+  """configs/learn_triplets.py:local through the CLI (a small override keeps it fast)."""
+  import subprocess
+  r = subprocess.run([sys.executable, '-m', 'visim_jax.main', '--config=configs/learn_triplets.py:local',
+                      f'--workdir={tmp_path / "w"}', '--config.steps=100', '--config.plots=True'],
+                     cwd=ROOT, capture_output=True, text=True,
+                     env={**os.environ, 'JAX_PLATFORMS': 'cpu', 'VISIM_COMPILE_CACHE': '0'})
+  assert r.returncode == 0, r.stderr[-3000:]
+  m = json.load(open(tmp_path / 'w' / 'metrics.json'))
+  assert m['results']['trained']['accuracy'] > m['results']['frozen']['accuracy']
+  assert os.path.isfile(tmp_path / 'w' / 'curves.png')
+  r = subprocess.run([sys.executable, '-m', 'visim_jax.main', '--config=configs/learn_triplets.py:local',
+                      f'--workdir={tmp_path / "x"}', '--config.bogus=1'], cwd=ROOT, capture_output=True, text=True,
+                     env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  assert r.returncode == 1 and 'bogus' in r.stderr and not os.path.exists(tmp_path / 'x')
