@@ -139,11 +139,26 @@ def test_index_files_train_the_same_head(tmp_path):
                                      val_fraction=0.34)
   triplet_stream.save(str(tmp_path / 't.npz'), tr)
   triplet_stream.save(str(tmp_path / 'v.npz'), va)
-  os.remove(names[0])
-  c = tiny(source='files', train_file=str(tmp_path / 't.npz'), val_file=str(tmp_path / 'v.npz'))
+  c = tiny(source='files', train_file=str(tmp_path / 't.npz'), val_file=str(tmp_path / 'v.npz'), steps=4,
+           batch_size=8, similarity='dot')
   c.backbone, c.backbone_kwargs.tiny, c.cache_dir = 'alexnet', True, str(tmp_path / 'cache')
+  os.rename(names[0], names[0] + '.x')
   with pytest.raises(UserError, match=f'{names[0]}: image not found'):
     lt.run(c, str(tmp_path / 'w'), progress=False)
+  os.rename(names[0] + '.x', names[0])
+  m = lt.run(c, str(tmp_path / 'w'), progress=False)
+  assert m['n_triplets'] == {'train': 40, 'val': 10} and m['backbone'] == 'alexnet'
+  # the trained head as a model spec: -<e0, e1> of the head's embeddings of the backbone features
+  from visim_jax import heads, similarity
+  sim = similarity.build(f'triplets:{tmp_path / "w"}', similarity.Options(cache_dir=str(tmp_path / 'cache'),
+                                                                         progress=False))
+  f = sim.featurize(names[:4], 'spec')
+  d = similarity.pair_distances(sim, f, np.array([0, 1]), f, np.array([2, 3]))
+  params, meta = lt.load_head(str(tmp_path / 'w' / 'head.npz'))
+  raw = similarity.build('cosine:alexnet:tiny', similarity.Options(cache_dir=None, progress=False)).featurize(
+      names[:4], 'raw')
+  e = np.asarray(heads.apply(meta['head'], params, raw))
+  np.testing.assert_allclose(d, [-(e[0] * e[2]).sum(), -(e[1] * e[3]).sum()], rtol=1e-4, atol=1e-5)
 
 
 def test_local_end_to_end(tmp_path):
