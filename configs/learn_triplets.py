@@ -74,8 +74,8 @@ def get_config(arg=None):
     c.backbone, c.teacher.backbone = 'efficientnet_lite0', 'alexnet'
     c.triplets.update({'n_train': 20_000, 'n_val': 2_000, 'clusters': 12})
     c.head, c.size, c.similarity, c.tau, c.target_tau = 'affine', 256, 'cosine', 0.05, 0.05
-    c.lr, c.warmup_steps, c.steps, c.weight_decay, c.batch_size = 3e-3, 50, 600, 0.0, 256
-    c.eval_every, c.checkpoint_every = 50, 200
+    c.lr, c.warmup_steps, c.steps, c.weight_decay, c.batch_size = 3e-3, 25, 200, 0.0, 256
+    c.eval_every, c.checkpoint_every = 25, 100
   elif arg:
     raise ValueError(f'configs/learn_triplets.py: unknown argument {arg!r} (known: local, demo)')
   return c
