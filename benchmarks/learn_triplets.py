@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import interleaved  # noqa: E402
-from visim_jax import sharding, triplet_stream  # noqa: E402
+from visim_jax import sharding, teacher_triplets, triplet_stream  # noqa: E402
 from visim_jax import triplet_training as tt  # noqa: E402
 
 _MODE = flags.DEFINE_enum('mode', 'compare', ['compare', 'scale'], 'What to measure (see the docstring).')
@@ -61,13 +61,7 @@ def make_data(n_images: int, dim: int, n_triplets: int, seed: int = 0):
   block = 1 << 22
   for s in range(0, n_triplets, block):     # three distinct images per row, in blocks (bounded temporaries)
     n = min(block, n_triplets - s)
-    a = rng.integers(0, n_images, n)
-    b = (a + 1 + rng.integers(0, n_images - 1, n)) % n_images
-    c = rng.integers(0, n_images - 2, n)
-    lo, hi = np.minimum(a, b), np.maximum(a, b)
-    c = c + (c >= lo)
-    c = c + (c >= hi)
-    tri[s:s + n] = np.stack([a, b, c], 1)
+    tri[s:s + n] = np.stack(teacher_triplets.distinct(rng, np.full(n, n_images), 3), 1)
   sims = rng.standard_normal((n_triplets, 3), dtype=np.float32)
   return x, tri, sims
 

@@ -79,7 +79,7 @@ def _members(labels: np.ndarray):
   return order, counts, starts
 
 
-def _distinct(rng, count: np.ndarray, how_many: int) -> list[np.ndarray]:
+def distinct(rng, count: np.ndarray, how_many: int) -> list[np.ndarray]:
   """how_many (2 or 3) distinct positions in 0..count-1 per row (count >= how_many), uniformly."""
   a = rng.integers(0, count)
   b = (a + 1 + rng.integers(0, count - 1)) % count
@@ -106,7 +106,7 @@ def sample(labels: np.ndarray, n: int, how: str, rng: np.random.Generator) -> np
     ok = np.flatnonzero(counts >= 1)
     if len(ok) < 3:
       raise ValueError(f'sampling=between needs 3 non-empty clusters, got {len(ok)}')
-    cs = [ok[p] for p in _distinct(rng, np.full(n, len(ok)), 3)]
+    cs = [ok[p] for p in distinct(rng, np.full(n, len(ok)), 3)]
     return np.stack([pick(c, rng.integers(0, counts[c])) for c in cs], 1)
   need = 3 if how == 'within' else 2
   ok = np.flatnonzero(counts >= need)
@@ -114,7 +114,7 @@ def sample(labels: np.ndarray, n: int, how: str, rng: np.random.Generator) -> np
     raise ValueError(f'sampling={how} needs a cluster of >= {need} images' +
                      (' and another non-empty cluster' if how == 'border' else ''))
   c = ok[rng.integers(0, len(ok), n)]
-  pos = _distinct(rng, counts[c], need)
+  pos = distinct(rng, counts[c], need)
   rows = [pick(c, p) for p in pos]
   if how == 'border':
     nz = np.flatnonzero(counts >= 1)   # a uniform other cluster: one of the len(nz) - 1 non-empty ones that is not c
