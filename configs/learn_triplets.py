@@ -13,7 +13,9 @@ products of an affine 1024-d head, Adam 3e-5 with 5k warm-up steps and cosine de
 towards their initial values (1.0), batch 512, triplets drawn across cluster borders of 500 k-means clusters.
 `:local`: synthetic features (512 images x 32 dims, a random non-linear teacher), 300 steps. `:demo`: the embedded
 demo photos (data/demo.py, 192 images), AlexNet (packaged weights) as teacher, EfficientNet-Lite0 as student.
-docs/learn_triplets.md has the fidelity table and the measured numbers.
+Measured on the 2-core box shared with other sessions (load 15-18), 2026-11-25: `:local` 39 s, held-out accuracy
+0.550 frozen -> 0.896 trained; `:demo` 2 min 23 s from empty caches, 0.822 frozen Lite0 -> 0.898 trained.
+docs/learn_triplets.md has the fidelity table.
 """
 import ml_collections
 
