@@ -25,10 +25,14 @@ from visim_jax import features
 def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.experiment = 'learn_triplets'
-  c.source = 'demo'            # 'demo' | 'folder' | 'files' | 'synthetic'
+  c.source = 'demo'            # 'demo' | 'folder' | 'files' | 'synthetic' | 'things' | 'nights'
   c.image_dir = ''             # 'folder': the image set the teacher labels
   c.train_file = ''            # 'files': index files (visim_jax/triplet_stream.py format)
   c.val_file = ''
+  c.things_dir = ''            # 'things': the THINGS images and a triplet file (data/things.py forms)
+  c.things_file = ''
+  c.nights_dir = ''            # 'nights': data.csv, ref/, distort/ (train and val splits)
+  c.min_votes = 6              # 'nights': DreamSim's filter
   c.demo = ml_collections.ConfigDict({'root': '', 'n_pairs': 96, 'seed': 0})
   c.synthetic = ml_collections.ConfigDict({'n_images': 512, 'dim': 32, 'teacher_dim': 16, 'seed': 0})
   c.teacher = ml_collections.ConfigDict({'backbone': 'vgg16', 'layers': '', 'similarity': 'cosine'})

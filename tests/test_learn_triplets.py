@@ -23,6 +23,7 @@ def tiny(**kw):
   c.synthetic.update({'n_images': 60, 'dim': 8, 'teacher_dim': 8})
   c.triplets.update({'n_train': 400, 'n_val': 100, 'clusters': 4})
   c.steps, c.eval_every, c.checkpoint_every, c.batch_size, c.size, c.plots = 12, 4, 4, 16, 8, False
+  c.lr, c.warmup_steps = 0.1, 4
   for k, v in kw.items():
     node = c
     *path, leaf = k.split('.')
@@ -33,7 +34,7 @@ def tiny(**kw):
 
 
 def test_learns_and_resumes_identically(tmp_path, monkeypatch):
-  full = lt.run(tiny(steps=40, eval_every=8, checkpoint_every=8, lr=0.3), str(tmp_path / 'full'), progress=False)
+  full = lt.run(tiny(steps=24, eval_every=8, checkpoint_every=8), str(tmp_path / 'full'), progress=False)
   r = full['results']
   assert r['trained']['accuracy'] > max(r['frozen']['accuracy'], r['untrained']['accuracy']) + 0.1
   assert r['trained']['loss'] < r['untrained']['loss']
@@ -47,10 +48,10 @@ def test_learns_and_resumes_identically(tmp_path, monkeypatch):
       raise KeyboardInterrupt('simulated kill')
   monkeypatch.setattr(runtime, 'FAULT_HOOK', kill)
   with pytest.raises(KeyboardInterrupt):
-    lt.run(tiny(steps=40, eval_every=8, checkpoint_every=8, lr=0.3), str(tmp_path / 'killed'), progress=False)
+    lt.run(tiny(steps=24, eval_every=8, checkpoint_every=8), str(tmp_path / 'killed'), progress=False)
   monkeypatch.setattr(runtime, 'FAULT_HOOK', None)
   assert not os.path.exists(tmp_path / 'killed' / 'metrics.json')
-  resumed = lt.run(tiny(steps=40, eval_every=8, checkpoint_every=8, lr=0.3), str(tmp_path / 'killed'),
+  resumed = lt.run(tiny(steps=24, eval_every=8, checkpoint_every=8), str(tmp_path / 'killed'),
                    progress=False)
   assert resumed['results'] == full['results'] and resumed['fingerprint'] == full['fingerprint']
   a, b = np.load(tmp_path / 'full' / 'curves.npz'), np.load(tmp_path / 'killed' / 'curves.npz')
@@ -58,7 +59,7 @@ def test_learns_and_resumes_identically(tmp_path, monkeypatch):
     np.testing.assert_array_equal(a[k], b[k])
   # a changed field refuses the checkpoints, naming it
   with pytest.raises(UserError, match=r'different config .*config.lr'):
-    lt.run(tiny(steps=40, eval_every=8, checkpoint_every=8, lr=0.1), str(tmp_path / 'killed'), progress=False)
+    lt.run(tiny(steps=24, eval_every=8, checkpoint_every=8, lr=0.05), str(tmp_path / 'killed'), progress=False)
 
 
 @pytest.mark.parametrize('field, value, match', [
@@ -101,7 +102,7 @@ sys.path.insert(0, os.path.join(sys.argv[1], 'tests'))
 import jax
 from test_learn_triplets import tiny
 from visim_jax.experiments import learn_triplets as lt
-m = lt.run(tiny(steps=16, lr=0.3), sys.argv[2], progress=False)
+m = lt.run(tiny(steps=16), sys.argv[2], progress=False)
 json.dump({'results': m['results'], 'devices': m['devices']}, open(os.path.join(sys.argv[2], 'out.json'), 'w'))
 import numpy as np
 np.save(os.path.join(sys.argv[2], 'loss.npy'), np.load(os.path.join(sys.argv[2], 'curves.npz'))['loss'])
@@ -116,7 +117,7 @@ def test_eight_devices_equal_one(tmp_path):
   assert rc == 0, log[-3000:]
   got = json.load(open(tmp_path / 'eight' / 'out.json'))
   assert got['devices'] == 8
-  one = lt.run(tiny(steps=16, lr=0.3), str(tmp_path / 'one'), progress=False)
+  one = lt.run(tiny(steps=16), str(tmp_path / 'one'), progress=False)
   assert one['devices'] == 1
   np.testing.assert_allclose(np.load(tmp_path / 'eight' / 'loss.npy'),
                              np.load(tmp_path / 'one' / 'curves.npz')['loss'], rtol=2e-5, atol=1e-6)
@@ -165,7 +166,8 @@ def test_local_end_to_end(tmp_path):
   """configs/learn_triplets.py:local through the CLI (a small override keeps it fast)."""
   import subprocess
   r = subprocess.run([sys.executable, '-m', 'visim_jax.main', '--config=configs/learn_triplets.py:local',
-                      f'--workdir={tmp_path / "w"}', '--config.steps=100', '--config.plots=True'],
+                      f'--workdir={tmp_path / "w"}', '--config.steps=100', '--config.triplets.n_train=4000',
+                      '--config.triplets.n_val=500'],
                      cwd=ROOT, capture_output=True, text=True,
                      env={**os.environ, 'JAX_PLATFORMS': 'cpu', 'VISIM_COMPILE_CACHE': '0'})
   assert r.returncode == 0, r.stderr[-3000:]
@@ -176,3 +178,23 @@ def test_local_end_to_end(tmp_path):
                       f'--workdir={tmp_path / "x"}', '--config.bogus=1'], cwd=ROOT, capture_output=True, text=True,
                      env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
   assert r.returncode == 1 and 'bogus' in r.stderr and not os.path.exists(tmp_path / 'x')
+
+
+def test_human_sources_things_and_nights(tmp_path):
+  """THINGS choices (hard targets) and NIGHTS votes (DreamSim's hinge) from the offline mini sets of human_demo."""
+  from visim_jax.data import human_demo
+  h = human_demo.demo_sets(str(tmp_path / 'demo'))
+  base = dict(steps=4, eval_every=4, checkpoint_every=4, batch_size=8, similarity='cosine', checkpoint=False)
+  for source, extra in (('things', dict(things_dir=h.things, things_file=h.things_dreamsim, loss='hard')),
+                        ('nights', dict(nights_dir=h.nights, loss='hinge'))):
+    c = tiny(source=source, **base, **extra)
+    c.backbone, c.backbone_kwargs.tiny, c.cache_dir = 'alexnet', True, str(tmp_path / 'cache')
+    m = lt.run(c, str(tmp_path / source), progress=False)
+    assert m['target'] == {'things': 'odd', 'nights': 'judge'}[source]
+    assert all(0.0 <= m['results'][k]['accuracy'] <= 1.0 for k in ('frozen', 'trained'))
+  with pytest.raises(UserError, match=r"config.loss: the triplets hold judge targets: use one of \('hinge',\)"):
+    c = tiny(source='nights', nights_dir=h.nights, **base)
+    c.backbone, c.backbone_kwargs.tiny, c.cache_dir = 'alexnet', True, str(tmp_path / 'cache')
+    lt.run(c, str(tmp_path / 'x'), progress=False)
+  with pytest.raises(UserError, match='config.things_file: required for source=things'):
+    lt.validate_config(tiny(source='things', things_dir=h.things))

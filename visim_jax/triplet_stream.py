@@ -166,3 +166,30 @@ def check_memory(parts: dict[str, int], device_limit: int, host_limit: int, fiel
 
 def host_memory_bytes() -> int:
   return int(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'))
+
+
+# ------------------------------------------------------------------------------------ human judgement sets
+
+def from_twoafc(train, val) -> tuple[TripletSet, TripletSet]:
+  """NIGHTS / BAPPS 2AFC sets (data.judgements.TwoAFCSet) as index sets over one image list: columns (ref, p0, p1),
+  target judge = the fraction of humans choosing p1 (DreamSim's right_vote)."""
+  images = list(dict.fromkeys(train.paths() + val.paths()))
+  index = {p: i for i, p in enumerate(images)}
+  out = []
+  for s in (train, val):
+    tri = np.stack(s.rows(index), 1).astype(np.int32)
+    out.append(TripletSet(tri, 'judge', np.asarray(s.judge, np.float32), images, {'source': s.name}))
+  return out[0], out[1]
+
+
+def from_odd_one_out(s, val_fraction: float, seed: int) -> tuple[TripletSet, TripletSet]:
+  """THINGS odd-one-out choices (data.judgements.OddOneOutSet) split into train / held-out triplets by a seeded
+  permutation (THINGS has no train / val split of its own in the forms read here)."""
+  n = len(s)
+  n_val = int(round(n * val_fraction))
+  if n_val < 1 or n - n_val < 1:
+    raise ValueError(f'val_fraction={val_fraction} leaves {n - n_val} train / {n_val} held-out of {n} triplets')
+  perm = np.random.default_rng([seed, 4]).permutation(n)
+  part = lambda idx: TripletSet(np.asarray(s.triplets, np.int32)[idx], 'odd', np.asarray(s.odd, np.int32)[idx],
+                                list(s.images), {'source': s.name, 'file': s.source})
+  return part(np.sort(perm[n_val:])), part(np.sort(perm[:n_val]))

@@ -7,7 +7,12 @@ Sources (config.source):
                      (teacher_triplets.py); the index files are written to <workdir>/triplets_{train,val}.npz.
   'files'            index files written before (config.train_file, config.val_file; triplet_stream.py format) over
                      image paths.
-  'synthetic'        random student features and a random non-linear teacher of them (tests, :local, scale runs).
+  'synthetic'        random student features and a teacher that sees them through weighted random directions
+                     (tests, :local, scale runs).
+  'things'           THINGS odd-one-out choices (config.things_dir, config.things_file; data/things.py), split
+                     into train / held-out triplets by config.triplets.val_fraction: hard targets (loss 'hard').
+  'nights'           NIGHTS 2AFC votes (config.nights_dir; data/nights.py, votes >= config.min_votes), its train
+                     and val splits: loss 'hinge' (DreamSim).
 The student's features (config.backbone) of every image are computed once through the feature cache; the head
 (config.head) trains with the loss of config.loss (odd_one_out.py) on seeded shuffled batches of the train triplets,
 the batch axis split over every device of every host (triplet_training.py); chunks of config.eval_every steps go
@@ -35,7 +40,7 @@ from visim_jax import teacher_triplets, triplet_stream
 from visim_jax import triplet_training as tt
 from visim_jax.errors import UserError
 
-SOURCES = ('demo', 'folder', 'files', 'synthetic')
+SOURCES = ('demo', 'folder', 'files', 'synthetic', 'things', 'nights')
 LOSS_FOR_TARGET = {'similarities': ('jsd', 'kl', 'hard'), 'odd': ('hard',), 'judge': ('hinge',)}
 
 
@@ -51,6 +56,11 @@ def validate_config(config) -> None:
   checks.choice(config, 'source', SOURCES)
   if config.source == 'folder' and not config.image_dir:
     raise checks.fail('image_dir', 'a folder of images is required for source=folder', config.image_dir)
+  for src, fields in (('things', ('things_dir', 'things_file')), ('nights', ('nights_dir',))):
+    for f in fields:
+      if config.source == src and not checks.text(config, f):
+        raise checks.fail(f, f'required for source={src}', config.get(f))
+  checks.integer(config, 'min_votes', 0, 1000)
   if config.source == 'files':
     for f in ('train_file', 'val_file'):
       if not checks.text(config, f):
@@ -144,7 +154,10 @@ def load_data(config, workdir: str, progress: bool = True):
     train, val = _generate(t, names, gen, {'teacher': 'synthetic'})
     return x, train, val, {'backbone': None, 'source': 'synthetic'}
   backbone, layers = features_lib.build(config)
-  if config.source == 'files':
+  if config.source in ('things', 'nights'):
+    train, val = _human(config)
+    paths = train.images
+  elif config.source == 'files':
     train = triplet_stream.load(config.train_file)
     val = triplet_stream.load(config.val_file)
     if train.images != val.images:
@@ -167,6 +180,20 @@ def load_data(config, workdir: str, progress: bool = True):
   x = np.asarray(features_lib.features_of(config, backbone, layers, paths, tag='triplets', progress=progress),
                  np.float32)
   return x, train, val, {**features_lib.describe(backbone, layers), 'source': config.source}
+
+
+def _human(config):
+  """(train, val) index sets of THINGS choices or NIGHTS votes (files checked by the loaders first)."""
+  if config.source == 'nights':
+    from visim_jax.data import nights
+    return triplet_stream.from_twoafc(nights.load(config.nights_dir, 'train', config.min_votes),
+                                      nights.load(config.nights_dir, 'val', config.min_votes))
+  from visim_jax.data import things
+  s = things.load(config.things_dir, config.things_file)
+  try:
+    return triplet_stream.from_odd_one_out(s, float(config.triplets.val_fraction), config.seed)
+  except ValueError as e:
+    raise UserError(f'config.triplets.val_fraction: {e}') from None
 
 
 def _generate(teacher, names, gen: dict, meta: dict):
