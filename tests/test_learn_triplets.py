@@ -100,30 +100,45 @@ WORKER = r"""
 import json, os, sys
 sys.path.insert(0, os.path.join(sys.argv[1], 'tests'))
 import jax
+if len(sys.argv) > 3:   # process id, processes, port: one jax.distributed process of several
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  jax.distributed.initialize(f'localhost:{sys.argv[5]}', int(sys.argv[4]), int(sys.argv[3]))
 from test_learn_triplets import tiny
 from visim_jax.experiments import learn_triplets as lt
 m = lt.run(tiny(steps=16), sys.argv[2], progress=False)
-json.dump({'results': m['results'], 'devices': m['devices']}, open(os.path.join(sys.argv[2], 'out.json'), 'w'))
-import numpy as np
-np.save(os.path.join(sys.argv[2], 'loss.npy'), np.load(os.path.join(sys.argv[2], 'curves.npz'))['loss'])
+if jax.process_index() == 0:
+  json.dump({'results': m['results'], 'devices': m['devices'], 'processes': jax.process_count()},
+            open(os.path.join(sys.argv[2], 'out.json'), 'w'))
+  import numpy as np
+  np.save(os.path.join(sys.argv[2], 'loss.npy'), np.load(os.path.join(sys.argv[2], 'curves.npz'))['loss'])
 """
 
 
-def test_eight_devices_equal_one(tmp_path):
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '--xla_force_host_platform_device_count=8',
-         'PYTHONPATH': ROOT + os.pathsep + os.environ.get('PYTHONPATH', '')}
-  [(rc, log)] = subprocs.run_all([dict(args=[sys.executable, '-c', WORKER, ROOT, str(tmp_path / 'eight')], env=env,
-                                       cwd=ROOT)])
-  assert rc == 0, log[-3000:]
-  got = json.load(open(tmp_path / 'eight' / 'out.json'))
-  assert got['devices'] == 8
+def test_eight_devices_and_two_processes_equal_one(tmp_path):
+  """8 fake devices in one process, and 2 jax.distributed processes x 2 devices (Orbax saving on both), give the
+  numbers of 1 device: per-step losses and held-out results."""
+  base = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'TPU_', 'JAX_COORD', 'VISIM_DIST'))}
+  base.update(JAX_PLATFORMS='cpu', PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
+  flags = lambda n: {**base, 'XLA_FLAGS': f'--xla_force_host_platform_device_count={n}'}
+
+  def jobs(port):
+    import shutil
+    shutil.rmtree(tmp_path / 'two', ignore_errors=True)
+    return ([dict(args=[sys.executable, '-c', WORKER, ROOT, str(tmp_path / 'eight')], env=flags(8), cwd=ROOT)] +
+            [dict(args=[sys.executable, '-c', WORKER, ROOT, str(tmp_path / 'two'), str(i), '2', str(port)],
+                  env=flags(2), cwd=ROOT) for i in range(2)])
+  for rc, log in subprocs.free_port_run(jobs):
+    assert rc == 0, log[-3000:]
   one = lt.run(tiny(steps=16), str(tmp_path / 'one'), progress=False)
   assert one['devices'] == 1
-  np.testing.assert_allclose(np.load(tmp_path / 'eight' / 'loss.npy'),
-                             np.load(tmp_path / 'one' / 'curves.npz')['loss'], rtol=2e-5, atol=1e-6)
-  for k in ('frozen', 'untrained', 'trained'):
-    for m in ('accuracy', 'loss'):
-      np.testing.assert_allclose(got['results'][k][m], one['results'][k][m], rtol=2e-5, atol=1e-6)
+  for name, devices, processes in (('eight', 8, 1), ('two', 4, 2)):
+    got = json.load(open(tmp_path / name / 'out.json'))
+    assert got['devices'] == devices and got['processes'] == processes
+    np.testing.assert_allclose(np.load(tmp_path / name / 'loss.npy'),
+                               np.load(tmp_path / 'one' / 'curves.npz')['loss'], rtol=2e-5, atol=1e-6)
+    for k in ('frozen', 'untrained', 'trained'):
+      for m in ('accuracy', 'loss'):
+        np.testing.assert_allclose(got['results'][k][m], one['results'][k][m], rtol=2e-5, atol=1e-6)
 
 
 def test_index_files_train_the_same_head(tmp_path):
