@@ -54,7 +54,7 @@ def get_config(arg=None):
 
   # optimisation (AligNet: Adam, decay to init 1.0, warm-up 5k + cosine, 3e-5, batch 512, 100k steps)
   c.lr = 3e-5
-  c.warmup_steps = 5000
+  c.warmup = 5000              # steps of linear lr warm-up (AligNet: 5k)
   c.schedule = 'cosine'        # 'cosine' | 'constant'
   c.steps = 100_000
   c.weight_decay = 1.0
@@ -73,14 +73,14 @@ def get_config(arg=None):
     c.source = 'synthetic'
     c.triplets.update({'n_train': 20_000, 'n_val': 2_000, 'clusters': 16})
     c.head, c.size, c.similarity, c.tau, c.target_tau = 'affine', 32, 'cosine', 0.05, 0.05
-    c.lr, c.warmup_steps, c.steps, c.weight_decay, c.batch_size = 1e-2, 20, 300, 0.0, 128
+    c.lr, c.warmup, c.steps, c.weight_decay, c.batch_size = 1e-2, 20, 300, 0.0, 128
     c.eval_every, c.checkpoint_every = 50, 100
   elif arg == 'demo':
     c.source = 'demo'
     c.backbone, c.teacher.backbone = 'efficientnet_lite0', 'alexnet'
     c.triplets.update({'n_train': 20_000, 'n_val': 2_000, 'clusters': 12})
     c.head, c.size, c.similarity, c.tau, c.target_tau = 'affine', 256, 'cosine', 0.05, 0.05
-    c.lr, c.warmup_steps, c.steps, c.weight_decay, c.batch_size = 3e-3, 25, 200, 0.0, 256
+    c.lr, c.warmup, c.steps, c.weight_decay, c.batch_size = 3e-3, 25, 200, 0.0, 256
     c.eval_every, c.checkpoint_every = 25, 100
   elif arg:
     raise ValueError(f'configs/learn_triplets.py: unknown argument {arg!r} (known: local, demo)')

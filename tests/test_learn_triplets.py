@@ -23,7 +23,7 @@ def tiny(**kw):
   c.synthetic.update({'n_images': 60, 'dim': 8, 'teacher_dim': 8})
   c.triplets.update({'n_train': 400, 'n_val': 100, 'clusters': 4})
   c.steps, c.eval_every, c.checkpoint_every, c.batch_size, c.size, c.plots = 12, 4, 4, 16, 8, False
-  c.lr, c.warmup_steps = 0.1, 4
+  c.lr, c.warmup = 0.1, 4
   for k, v in kw.items():
     node = c
     *path, leaf = k.split('.')

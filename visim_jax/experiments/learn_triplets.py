@@ -47,7 +47,7 @@ LOSS_FOR_TARGET = {'similarities': ('jsd', 'kl', 'hard'), 'odd': ('hard',), 'jud
 def hparams_from_config(config) -> tt.Hparams:
   return tt.Hparams(head=config.head, size=config.size, loss=config.loss, similarity=config.similarity,
                     tau=float(config.tau), target_tau=float(config.target_tau), margin=float(config.margin),
-                    lr=float(config.lr), warmup_steps=config.warmup_steps, schedule=config.schedule,
+                    lr=float(config.lr), warmup_steps=config.warmup, schedule=config.schedule,
                     steps=config.steps, weight_decay=float(config.weight_decay), b1=float(config.b1),
                     b2=float(config.b2), batch_size=config.batch_size, seed=config.seed, ties=config.ties)
 
@@ -76,7 +76,7 @@ def validate_config(config) -> None:
   checks.number(config, 'target_tau', 0, 1e6, lo_open=True)
   checks.number(config, 'margin', 0, 2)
   checks.number(config, 'lr', 0, 10, lo_open=True)
-  checks.integer(config, 'warmup_steps', 0, 10**9)
+  checks.integer(config, 'warmup', 0, 10**9)
   checks.integer(config, 'steps', 1, 10**9)
   checks.number(config, 'weight_decay', 0, 1e3)
   checks.number(config, 'b1', 0, 1, hi_open=True)
