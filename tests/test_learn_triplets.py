@@ -142,21 +142,24 @@ def test_eight_devices_and_two_processes_equal_one(tmp_path):
 
 
 def test_index_files_train_the_same_head(tmp_path):
-  """source=files on the index files another run wrote (images checked on disk first)."""
-  from visim_jax import teacher_triplets, triplet_stream
+  """source=folder: a teacher labels an image folder and writes index files; source=files trains on them (images
+  checked on disk first); the trained head is a model spec."""
   from PIL import Image
   names = []
   for i in range(12):
     p = tmp_path / f'{i}.png'
-    Image.new('RGB', (8, 8), (20 * i, 0, 0)).save(p)
+    Image.new('RGB', (8, 8), (20 * i, 255 - 20 * i, (37 * i) % 256)).save(p)
     names.append(str(p))
-  rng = np.random.RandomState(0)
-  tr, va = teacher_triplets.generate(rng.randn(12, 4).astype(np.float32), names, 40, 10, clusters=3,
-                                     val_fraction=0.34)
-  triplet_stream.save(str(tmp_path / 't.npz'), tr)
-  triplet_stream.save(str(tmp_path / 'v.npz'), va)
+  c = tiny(source='folder', image_dir=str(tmp_path), steps=4, batch_size=8)
+  c.triplets.update({'n_train': 40, 'n_val': 10, 'clusters': 3, 'val_fraction': 0.34})
+  c.backbone, c.backbone_kwargs.tiny, c.cache_dir = 'alexnet', True, str(tmp_path / 'cache')
+  c.teacher.backbone = 'alexnet'
+  lt.run(c, str(tmp_path / 'gen'), progress=False)
+  os.rename(tmp_path / 'gen' / 'triplets_train.npz', tmp_path / 't.npz')
+  os.rename(tmp_path / 'gen' / 'triplets_val.npz', tmp_path / 'v.npz')
   c = tiny(source='files', train_file=str(tmp_path / 't.npz'), val_file=str(tmp_path / 'v.npz'), steps=4,
            batch_size=8, similarity='dot')
+  c.triplets.update({'n_train': 40, 'n_val': 10})
   c.backbone, c.backbone_kwargs.tiny, c.cache_dir = 'alexnet', True, str(tmp_path / 'cache')
   os.rename(names[0], names[0] + '.x')
   with pytest.raises(UserError, match=f'{names[0]}: image not found'):

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import checks, heads, odd_one_out, report, runtime, sharding
+from visim_jax import checks, heads, odd_one_out, ops, report, runtime, sharding
 from visim_jax import features as features_lib
 from visim_jax import teacher_triplets, triplet_stream
 from visim_jax import triplet_training as tt
@@ -133,6 +133,8 @@ def _images(config) -> list[str]:
 
 
 def _teacher_features(config, paths, progress) -> tuple[np.ndarray, dict]:
+  """The teacher's pooled features (config.teacher.backbone / layers with the student's image_batch_size, dtype,
+  cache and backbone_kwargs.tiny; its own default weights)."""
   t = config.teacher
   c = config.copy_and_resolve_references()
   with c.unlocked():
@@ -174,8 +176,13 @@ def load_data(config, workdir: str, progress: bool = True):
     teach, tdesc = _teacher_features(config, paths, progress)
     train, val = _generate(teach, paths, gen, {'teacher': tdesc})
     if report.is_writer():
+      ops.check_writable_dir(workdir, 'workdir')
       for name, s in (('train', train), ('val', val)):
-        triplet_stream.save(os.path.join(workdir, f'triplets_{name}.npz'), s)
+        path = os.path.join(workdir, f'triplets_{name}.npz')
+        try:
+          triplet_stream.save(path, s)
+        except OSError as e:
+          raise runtime.os_error(e, path, 'writing the triplet index file') from e
   runtime.say(f'student {backbone.name}: features of {len(paths)} images')
   x = np.asarray(features_lib.features_of(config, backbone, layers, paths, tag='triplets', progress=progress),
                  np.float32)
@@ -205,8 +212,10 @@ def _generate(teacher, names, gen: dict, meta: dict):
 
 # --------------------------------------------------------------------------------------------- run
 
-def fingerprint(hp: tt.Hparams, x, train, val) -> runtime.Fingerprint:
-  return runtime.fingerprint(dataclasses.asdict(hp), [x, train.triplets, train.target, val.triplets, val.target])
+def fingerprint(hp: tt.Hparams, eval_every: int, x, train, val) -> runtime.Fingerprint:
+  """The training fields, the evaluation period (it shapes the checkpointed curves) and the data."""
+  return runtime.fingerprint({**dataclasses.asdict(hp), 'eval_every': eval_every},
+                             [x, train.triplets, train.target, val.triplets, val.target])
 
 
 def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
@@ -245,7 +254,7 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   frozen, untrained = evaluate('identity', {}), evaluate(hp.head, init(hp, x.shape[1]).params)
   host = lambda: {'loss': np.zeros(hp.steps, np.float32), 'val_accuracy': np.zeros(n_evals, np.float32),
                   'val_loss': np.zeros(n_evals, np.float32), 'val_step': np.zeros(n_evals, np.int32)}
-  fp = fingerprint(hp, x, train, val)
+  fp = fingerprint(hp, config.eval_every, x, train, val)
   recorded = features_lib.recorded_config(config, uses_backbone=config.source != 'synthetic')
   with runtime.Run(workdir, recorded, fp, config.checkpoint, progress, desc='train (steps)') as rt:
     t1 = time.time()
