@@ -7,6 +7,9 @@ r"""Learning similarity from odd-one-out triplets (AligNet's recipe) or 2AFC vot
       --config.backbone=efficientnet_lite0
   python -m visim_jax.main --config=configs/learn_triplets.py --workdir=workdirs/lt_files \
       --config.source=files --config.train_file=T.npz --config.val_file=V.npz
+  python -m visim_jax.main --config=configs/learn_triplets.py --workdir=workdirs/lt_index \
+      --config.source=folder --config.image_dir=/data/images --config.teacher.backbone=vgg16 \
+      --config.generate_only=True                                       # the index files only
 
 Defaults are AligNet's code (configs/siglip.py, losses.py): JSD on soft targets, student temperature 100 on raw dot
 products of an affine 1024-d head, Adam 3e-5 with 5k warm-up steps and cosine decay over 100k steps, weights decayed
@@ -68,6 +71,7 @@ def get_config(arg=None):
   c.checkpoint = True
   c.checkpoint_every = 5000
   c.plots = True
+  c.generate_only = False      # 'demo' / 'folder': write the teacher's triplets_{train,val}.npz and stop
 
   if arg == 'local':
     c.source = 'synthetic'

@@ -78,6 +78,7 @@ def test_learns_and_resumes_identically(tmp_path, monkeypatch):
     ('teacher.similarity', 'l1', 'config.teacher.similarity'),
     ('synthetic.n_images', 2, 'config.synthetic.n_images'),
     ('eval_every', 0, 'config.eval_every'),
+    ('generate_only', True, 'config.generate_only: writes teacher triplets: only for source=demo or source=folder'),
 ])
 def test_config_refusals(tmp_path, field, value, match):
   with pytest.raises(UserError, match=match) as e:
@@ -153,8 +154,9 @@ def test_index_files_train_the_same_head(tmp_path):
   c = tiny(source='folder', image_dir=str(tmp_path), steps=4, batch_size=8)
   c.triplets.update({'n_train': 40, 'n_val': 10, 'clusters': 3, 'val_fraction': 0.34})
   c.backbone, c.backbone_kwargs.tiny, c.cache_dir = 'alexnet', True, str(tmp_path / 'cache')
-  c.teacher.backbone = 'alexnet'
-  lt.run(c, str(tmp_path / 'gen'), progress=False)
+  c.teacher.backbone, c.generate_only = 'alexnet', True
+  assert lt.run(c, str(tmp_path / 'gen'), progress=False)['generate_only']
+  assert sorted(os.listdir(tmp_path / 'gen')) == ['triplets_train.npz', 'triplets_val.npz']
   os.rename(tmp_path / 'gen' / 'triplets_train.npz', tmp_path / 't.npz')
   os.rename(tmp_path / 'gen' / 'triplets_val.npz', tmp_path / 'v.npz')
   c = tiny(source='files', train_file=str(tmp_path / 't.npz'), val_file=str(tmp_path / 'v.npz'), steps=4,

@@ -90,6 +90,10 @@ def validate_config(config) -> None:
                       'checkpoints are taken at the end of an evaluation chunk', config.checkpoint_every)
   checks.flag(config, 'checkpoint')
   checks.flag(config, 'plots')
+  checks.flag(config, 'generate_only')
+  if config.generate_only and config.source not in ('demo', 'folder'):
+    raise checks.fail('generate_only', 'writes teacher triplets: only for source=demo or source=folder',
+                      config.generate_only)
   checks.integer(config, 'triplets.n_train', 1, 10**10)
   checks.integer(config, 'triplets.n_val', 1, 10**9)
   checks.integer(config, 'triplets.clusters', 1, 10**6)
@@ -175,18 +179,26 @@ def load_data(config, workdir: str, progress: bool = True):
     runtime.say(f'teacher {config.teacher.backbone}: labelling triplets over {len(paths)} images')
     teach, tdesc = _teacher_features(config, paths, progress)
     train, val = _generate(teach, paths, gen, {'teacher': tdesc})
-    if report.is_writer():
-      ops.check_writable_dir(workdir, 'workdir')
-      for name, s in (('train', train), ('val', val)):
-        path = os.path.join(workdir, f'triplets_{name}.npz')
-        try:
-          triplet_stream.save(path, s)
-        except OSError as e:
-          raise runtime.os_error(e, path, 'writing the triplet index file') from e
+    _write_index_files(workdir, train, val)
+    if config.generate_only:
+      return None, train, val, None
   runtime.say(f'student {backbone.name}: features of {len(paths)} images')
   x = np.asarray(features_lib.features_of(config, backbone, layers, paths, tag='triplets', progress=progress),
                  np.float32)
   return x, train, val, {**features_lib.describe(backbone, layers), 'source': config.source}
+
+
+def _write_index_files(workdir: str, train, val) -> None:
+  """<workdir>/triplets_{train,val}.npz (process 0); OS errors as one line."""
+  if not report.is_writer():
+    return
+  ops.check_writable_dir(workdir, 'workdir')
+  for name, s in (('train', train), ('val', val)):
+    path = os.path.join(workdir, f'triplets_{name}.npz')
+    try:
+      triplet_stream.save(path, s)
+    except OSError as e:
+      raise runtime.os_error(e, path, 'writing the triplet index file') from e
 
 
 def _human(config):
@@ -222,6 +234,11 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   validate_config(config)
   hp = hparams_from_config(config)
   t0 = time.time()
+  if config.generate_only:   # the teacher's index files only (no student features, no training)
+    _, train, val, _ = load_data(config, workdir, progress)
+    out = {k: os.path.join(os.path.abspath(workdir), f'triplets_{k}.npz') for k in ('train', 'val')}
+    runtime.say(f'wrote {len(train):,} train / {len(val):,} held-out teacher triplets: {out["train"]}, {out["val"]}')
+    return {'experiment': 'learn_triplets', 'generate_only': True, 'index_files': out}
   x, train, val, desc = load_data(config, workdir, progress)
   ok = LOSS_FOR_TARGET[train.target_kind]
   if hp.loss not in ok:
