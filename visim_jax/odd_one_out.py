@@ -70,8 +70,10 @@ def soft_targets(t: jax.Array, target_tau: float = 1.0) -> jax.Array:
 
 
 def soft_kl(s: jax.Array, t: jax.Array, tau: float = 1.0, target_tau: float = 1.0) -> jax.Array:
-  """KL(p || q) per triplet, p = soft_targets(t), q = softmax(s / tau)."""
-  return _kl(soft_targets(t, target_tau), jax.nn.softmax(s / tau, axis=-1))
+  """KL(p || q) per triplet, p = soft_targets(t), q = softmax(s / tau) (log q by log_softmax: finite where
+  softmax underflows to 0)."""
+  p = soft_targets(t, target_tau)
+  return _xlogy_sum(p, p) - jnp.sum(jnp.where(p == 0.0, 0.0, p * jax.nn.log_softmax(s / tau, axis=-1)), -1)
 
 
 def soft_jsd(s: jax.Array, t: jax.Array, tau: float = 1.0, target_tau: float = 1.0) -> jax.Array:
