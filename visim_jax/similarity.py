@@ -27,6 +27,9 @@ A spec string names one model (`config.models` is a comma-separated list of them
                                                   default when trained), @<context> (indoor, city, ...), or @mean:
                                                   the equal-weight fused distance of the 8 context models (the
                                                   ensembles' weighted rule with w_k = 1/K)
+  triplets:<learn_triplets workdir | head.npz>   the head a `learn_triplets` run trained (its head.npz) on the
+                                                  backbone features its meta names; 1 - cos of the head's
+                                                  embeddings, or -<e0, e1> when it was trained on dot products
   lpips:alex | lpips:vgg [:tiny]                  LPIPS v0.1 (visim_jax/lpips.py): the images themselves are the
                                                   features (uint8 at the protocol's resolution: BAPPS 64x64 native,
                                                   224 elsewhere), the network runs inside `distance` (its spatial
@@ -51,7 +54,7 @@ from visim_jax import ops
 from visim_jax.errors import UserError
 from visim_jax.preprocess import Preprocess
 
-KINDS = ('cosine', 'adapter', 'simnet', 'context', 'lpips')
+KINDS = ('cosine', 'adapter', 'simnet', 'context', 'lpips', 'triplets')
 LPIPS_NETS = ('alex', 'vgg')
 FIELD = 'config.models'
 
@@ -117,7 +120,7 @@ def build(spec: str, opts: Options = Options()) -> Similarity:
   """The model a spec names (weights and files read now: a missing one fails here, naming the entry)."""
   kind, target, option = parse(spec)
   return {'cosine': _cosine, 'adapter': _adapter, 'simnet': _simnet, 'context': _context,
-          'lpips': _lpips}[kind](spec, target, option, opts)
+          'lpips': _lpips, 'triplets': _triplets}[kind](spec, target, option, opts)
 
 
 # ----------------------------------------------------------------------------------------- distances
@@ -298,6 +301,31 @@ def _context(spec, target, option, opts):
            'params_sha256': _tree_sha(params)}
   return Similarity(spec, 'context', _context_distance, params, _pooled_featurizer(backbone, layers, opts), ident,
                     backbone.preprocess, ('pooled', json.dumps(_backbone_identity(backbone, layers), sort_keys=True)))
+
+
+def _dot_distance(params, f0, f1):
+  """-<f0, f1> row-wise (a head trained on raw dot products; params unused)."""
+  del params
+  return -jnp.sum(f0.astype(jnp.float32) * f1.astype(jnp.float32), -1)
+
+
+def _triplets(spec, target, option, opts):
+  from visim_jax import heads
+  from visim_jax.experiments import learn_triplets
+  if option:
+    raise _bad(spec, 'triplets: takes no @option')
+  path = os.path.join(target, 'head.npz') if os.path.isdir(target) else target
+  if not os.path.isfile(path):
+    raise _bad(spec, f'{path}: no head.npz (give a finished learn_triplets workdir)')
+  params, meta = learn_triplets.load_head(path)
+  if not meta.get('backbone'):
+    raise _bad(spec, f'{path}: the head was trained on synthetic features: it cannot describe images')
+  backbone, layers = _backbone_from(spec, meta['backbone'], meta.get('layers'), meta.get('weights_sha256'))
+  transform = jax.jit(functools.partial(heads.apply, meta['head'], params))
+  ident = {**_backbone_identity(backbone, layers), 'head_sha256': _file_sha(path)}
+  dist = _dot_distance if meta.get('similarity') == 'dot' else cosine_distance
+  return Similarity(spec, 'triplets', dist, None, _pooled_featurizer(backbone, layers, opts, transform), ident,
+                    backbone.preprocess, ('triplets', path, ident['head_sha256']))
 
 
 def _lpips(spec, target, option, opts):
