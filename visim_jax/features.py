@@ -23,7 +23,6 @@ PCA-whitening learned on `rmac.whiten_on`), for every experiment that reads feat
 """
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import json
 import os
@@ -37,7 +36,7 @@ from tqdm.auto import tqdm
 
 from visim_jax import ops, report, sharding
 from visim_jax.backbones.base import Backbone
-from visim_jax.data import images as images_lib
+from visim_jax.data import pipeline
 from visim_jax.errors import UserError
 
 CACHE_VERSION = 1
@@ -84,8 +83,13 @@ def make_extract_fn(backbone: Backbone, layers: Sequence[str], dtype=jnp.float32
 
 def extract(backbone: Backbone, paths: Sequence[str], layers: Sequence[str] | None = None,
             batch_size: int = 32, dtype: str = 'float32', progress: bool = True,
-            desc: str = 'features', num_threads: int = 4, flip: bool = False, loader=None) -> np.ndarray:
+            desc: str = 'features', num_threads: int | None = None, flip: bool = False, loader=None,
+            image_cache: str | None = None, prefetch: int = 4) -> np.ndarray:
   """Pooled features of every image in `paths` (order kept), as float32 (N, D).
+
+  The host side is data/pipeline.py: images decoded one by one on `num_threads` threads (default: one per
+  host core), `prefetch` batches ahead, batch k + 1 transferred while batch k computes. image_cache: a folder
+  for the decoded-image cache (pipeline.host_batches; None: decode every time).
 
   loader(items, preprocess) -> uint8 (B, size, size, 3) replaces images.load_batch for sources that are not
   image files (e.g. data.classes.TfdsImages.load_batch; `paths` are then its item names).
@@ -104,41 +108,30 @@ def extract(backbone: Backbone, paths: Sequence[str], layers: Sequence[str] | No
   mesh = sharding.make_mesh('batch', jax.local_devices())
   batch_size = sharding.padded(batch_size, mesh)
   variables = jax.device_put(backbone.variables, sharding.replicated(mesh))
-  batches = [list(paths[i:i + batch_size]) for i in range(0, len(paths), batch_size)]
-  pre = backbone.preprocess
+  host = pipeline.host_batches(paths, backbone.preprocess, batch_size, flip=flip, loader=loader,
+                               workers=num_threads, prefetch=prefetch, image_cache=image_cache)
+  bar = tqdm(total=len(paths), desc=desc, unit='img', disable=not progress)
+  pending = None  # the previous batch's (start, n, result): read back after the next one is dispatched
 
-  def load(batch):
-    x = (loader or images_lib.load_batch)(batch, pre)
-    if flip:
-      x = np.ascontiguousarray(x[:, :, ::-1])
-    if len(batch) < batch_size:  # pad to one shape: one compilation
-      x = np.concatenate([x, np.zeros((batch_size - len(batch),) + x.shape[1:], x.dtype)])
-    return x
+  def collect(p):
+    start, n, y = p
+    out[start:start + n] = np.asarray(y)[:n]
+    bar.update(n)
 
-  with concurrent.futures.ThreadPoolExecutor(num_threads) as pool_ex:
-    futures = [pool_ex.submit(load, b) for b in batches[:2]]
-    bar = tqdm(total=len(paths), desc=desc, unit='img', disable=not progress)
-    for i, batch in enumerate(batches):
-      x = futures[i].result()
-      if i + 2 < len(batches):
-        futures.append(pool_ex.submit(load, batches[i + 2]))
-      start = i * batch_size
-      x = jax.device_put(x, sharding.split(mesh))
-      out[start:start + len(batch)] = np.asarray(fn(variables, x))[:len(batch)]
-      bar.update(len(batch))
-    bar.close()
+  for start, n, x in pipeline.device_batches(host, lambda a: jax.device_put(a, sharding.split(mesh))):
+    y = fn(variables, x)  # asynchronous: the device computes while the host reads back and decodes
+    if pending is not None:
+      collect(pending)
+    pending = (start, n, y)
+  if pending is not None:
+    collect(pending)
+  bar.close()
   return out
 
 
 # ----------------------------------------------------------------------------------------------- cache
 
-def file_list_hash(paths: Sequence[str]) -> str:
-  """Hash of the file list: names, sizes and modification times (a changed image invalidates the cache)."""
-  h = hashlib.sha256()
-  for p in paths:
-    st = os.stat(p)
-    h.update(f'{os.path.abspath(p)}\0{st.st_size}\0{st.st_mtime_ns}\n'.encode())
-  return h.hexdigest()
+file_list_hash = pipeline.file_list_hash  # names, sizes and modification times of the files
 
 
 def manifest_for(backbone: Backbone, paths: Sequence[str], layers: Sequence[str], dtype: str,
@@ -193,19 +186,19 @@ def cached_features(backbone: Backbone, paths: Sequence[str], cache_dir: str | N
                     layers: Sequence[str] | None = None, names: Sequence[str] | None = None,
                     tag: str = 'images', batch_size: int = 32, dtype: str = 'float32',
                     progress: bool = True, flip: bool = False, loader=None,
-                    source_id: dict | None = None) -> np.ndarray:
+                    source_id: dict | None = None, image_cache: str | None = None) -> np.ndarray:
   """Features of `paths`, from the cache when its manifest matches, else extracted and cached.
 
   With cache_dir=None nothing is written. `names` (default: the paths) are stored beside the features.
   loader / source_id: items that are not files (see `extract`); source_id (JSON) then keys the cache in place
-  of the file list's hash.
+  of the file list's hash. image_cache: the decoded-image cache folder (`extract`), None: off.
   """
   layers = tuple(layers or backbone.layers)
   names = np.asarray(list(names if names is not None else paths))
   tag = tag + ('-flip' if flip else '')
   if cache_dir is None:
     return extract_all_hosts(backbone, paths, layers, batch_size, dtype, progress, desc=tag, flip=flip,
-                             loader=loader)
+                             loader=loader, image_cache=image_cache)
   manifest = manifest_for(backbone, paths, layers, dtype, flip, source_id)
   path = cache_path(cache_dir, tag, manifest)
   hit = read_cache(path, manifest)
@@ -216,7 +209,7 @@ def cached_features(backbone: Backbone, paths: Sequence[str], cache_dir: str | N
     raise UserError(f'{cache_dir}: the feature cache folder is read-only and does not hold the {tag} features of '
                     f'{backbone.name}; make it writable or set --config.cache_dir to a writable folder')
   feats = extract_all_hosts(backbone, paths, layers, batch_size, dtype, progress, desc=tag, flip=flip,
-                            loader=loader)
+                            loader=loader, image_cache=image_cache)
   if not np.isfinite(feats).all():
     raise FloatingPointError(f'{backbone.name}: non-finite features for {tag}; nothing cached')
   if report.is_writer():
@@ -231,11 +224,13 @@ def cached_features(backbone: Backbone, paths: Sequence[str], cache_dir: str | N
 
 
 def extract_all_hosts(backbone: Backbone, paths: Sequence[str], layers, batch_size: int, dtype: str,
-                      progress: bool, desc: str, flip: bool, loader=None) -> np.ndarray:
+                      progress: bool, desc: str, flip: bool, loader=None,
+                      image_cache: str | None = None) -> np.ndarray:
   """`extract` with the file list split into one contiguous slice per host, gathered on every host."""
   n_proc = jax.process_count()
   if n_proc == 1:
-    return extract(backbone, paths, layers, batch_size, dtype, progress, desc=desc, flip=flip, loader=loader)
+    return extract(backbone, paths, layers, batch_size, dtype, progress, desc=desc, flip=flip, loader=loader,
+                   image_cache=image_cache)
   from jax.experimental import multihost_utils
   per = -(-len(paths) // n_proc)
   lo = jax.process_index() * per
@@ -244,7 +239,7 @@ def extract_all_hosts(backbone: Backbone, paths: Sequence[str], layers, batch_si
   local = np.zeros((per, dim), np.float32)
   if mine:
     local[:len(mine)] = extract(backbone, mine, layers, batch_size, dtype, progress and report.is_writer(),
-                                desc=desc, flip=flip, loader=loader)
+                                desc=desc, flip=flip, loader=loader, image_cache=image_cache)
   gathered = np.asarray(multihost_utils.process_allgather(local))  # (n_proc, per, dim)
   return gathered.reshape(-1, dim)[:len(paths)]
 
