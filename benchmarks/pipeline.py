@@ -7,7 +7,8 @@ Writes --files synthetic photo-like JPEGs (500 x 375, quality 90: ImageNet's typ
 as images per second (median of --repeats, with the load average):
   decode_1_thread      images.load_image one after the other (what one core does)
   decode_threads       pipeline.host_batches, one thread per host core (what the extraction loop reads)
-  decode_processes     a process pool over the same per-image function (chunked map; pixels pickled back)
+  decode_processes     a process pool (forkserver, started before timing) over the same per-image function
+                       (chunked map; pixels pickled back)
   decode_old_loop      the previous loop's host side: load_batch per batch on a 4-thread pool, 2 batches ahead
   decode_cached        pipeline.host_batches reading the decoded-image cache (a second model, same images)
   model_only           the jitted extraction program on a device-resident batch (no host work)
@@ -45,6 +46,7 @@ _BATCH = flags.DEFINE_integer('batch', 32, 'Images per batch.')
 _BACKBONE = flags.DEFINE_string('backbone', 'efficientnet_lite0', 'Backbone registry name.')
 _RANDOM = flags.DEFINE_bool('random_init', False, 'Random weights (backbones whose weights are not local).')
 _DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Our compute dtype.')
+_SINGLE = flags.DEFINE_integer('single_files', 64, 'Files of the one-thread decode rate.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed repeats of each decode measurement.')
 _ALT = flags.DEFINE_integer('alternations', 3, 'Interleaved end-to-end alternations.')
 
@@ -150,15 +152,18 @@ def main(_):
     n, r = len(paths), _REPEATS.value
     drain = lambda **kw: [None for _ in pipeline.host_batches(paths, pre, b, **kw)]
     say('decode rates')
-    result['decode_1_thread'] = rate(n, lambda: [images.load_image(p, pre) for p in paths], r)
+    one = paths[:_SINGLE.value]
+    result['decode_1_thread'] = rate(len(one), lambda: [images.load_image(p, pre) for p in one], r)
+    result['decode_1_thread']['files'] = len(one)
     result['decode_threads'] = rate(n, lambda: drain(workers=cores), r)
     result['decode_threads']['workers'] = cores
 
-    def procs():
-      with concurrent.futures.ProcessPoolExecutor(cores) as ex:
-        list(ex.map(images.load_image, paths, [pre] * n, chunksize=8))
-    result['decode_processes'] = rate(n, procs, r)
-    result['decode_processes']['note'] = 'includes starting the pool'
+    import multiprocessing  # pylint: disable=g-import-not-at-top
+    with concurrent.futures.ProcessPoolExecutor(cores, mp_context=multiprocessing.get_context('forkserver')) as ex:
+      procs = lambda: list(ex.map(images.load_image, paths, [pre] * n, chunksize=8))
+      procs()  # starts the workers (not timed)
+      result['decode_processes'] = rate(n, procs, r)
+    result['decode_processes']['workers'] = cores
     result['decode_old_loop'] = rate(n, lambda: old_decode(paths, pre, b), r)
     tfd = tf_data_decode(paths, pre, b)
     result['decode_tf_data'] = rate(n, tfd, r) if tfd else 'not measured: tensorflow is not installed'
