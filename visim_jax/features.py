@@ -262,6 +262,8 @@ def add_fields(c):
   c.pooling = 'mean'       # 'mean' (multi-layer, paper 001) | 'rmac' (R-MAC of config.rmac.layer, paper 002)
   from visim_jax import rmac  # pylint: disable=g-import-not-at-top
   c.rmac = ml_collections.ConfigDict(rmac.Options().describe())
+  from visim_jax import precision  # pylint: disable=g-import-not-at-top
+  precision.add_field(c)   # matmul_precision: 'default' | 'high' | 'highest'
   return c
 
 
@@ -271,6 +273,8 @@ def check_fields(config) -> None:
   from visim_jax import checks  # pylint: disable=g-import-not-at-top
   checks.integer(config, 'image_batch_size', 1, 2**16)
   checks.integer(config, 'backbone_kwargs.random_init', -1, checks.SEED_MAX, note=' (-1: off)')
+  from visim_jax import precision  # pylint: disable=g-import-not-at-top
+  precision.check(config)
   if 'rmac' in config:
     checks.integer(config, 'rmac.levels', 1, 16)
     checks.integer(config, 'rmac.max_side', 32, 2**15)
