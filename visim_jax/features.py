@@ -34,7 +34,7 @@ import numpy as np
 from absl import logging
 from tqdm.auto import tqdm
 
-from visim_jax import ops, report, sharding
+from visim_jax import device_rows, ops, report, sharding
 from visim_jax.backbones.base import Backbone
 from visim_jax.data import pipeline
 from visim_jax.errors import UserError
@@ -157,7 +157,8 @@ def cache_path(cache_dir: str, tag: str, manifest: dict) -> str:
 
 
 def _checksum(features: np.ndarray) -> str:
-  return hashlib.sha256(np.ascontiguousarray(features).tobytes()).hexdigest()
+  """sha256 of the array's bytes, hashed in place (no bytes copy of a cache of millions of rows)."""
+  return hashlib.sha256(memoryview(np.ascontiguousarray(features)).cast('B')).hexdigest()
 
 
 def read_cache(path: str, manifest: dict | None = None) -> tuple[np.ndarray, np.ndarray] | None:
@@ -170,7 +171,7 @@ def read_cache(path: str, manifest: dict | None = None) -> tuple[np.ndarray, np.
       features, names = z['features'], z['names']
     if stored.get('features_sha256') != _checksum(features):
       raise ValueError('checksum mismatch')
-    if features.ndim != 2 or len(names) != len(features) or not np.isfinite(features).all():
+    if features.ndim != 2 or len(names) != len(features) or not device_rows.all_finite(features):
       raise ValueError('bad shapes or non-finite values')
   except Exception as e:  # zip errors, truncation, missing keys, bad json...
     logging.warning('feature cache %s is corrupt (%s): rebuilding it', path, e)
@@ -210,7 +211,7 @@ def cached_features(backbone: Backbone, paths: Sequence[str], cache_dir: str | N
                     f'{backbone.name}; make it writable or set --config.cache_dir to a writable folder')
   feats = extract_all_hosts(backbone, paths, layers, batch_size, dtype, progress, desc=tag, flip=flip,
                             loader=loader, image_cache=image_cache)
-  if not np.isfinite(feats).all():
+  if not device_rows.all_finite(feats):
     raise FloatingPointError(f'{backbone.name}: non-finite features for {tag}; nothing cached')
   if report.is_writer():
     stored = dict(manifest, features_sha256=_checksum(feats))
