@@ -1,6 +1,7 @@
 r"""The extraction input pipeline (visim_jax/data/pipeline.py): decode rates, model rate, end-to-end, before vs after.
 
   python benchmarks/pipeline.py                       # CPU-sized: 192 JPEGs, EfficientNet-Lite0, batch 32
+  python benchmarks/pipeline.py --backbone=alexnet --tiny    # a tiny random AlexNet: decode-bound on a CPU
   python benchmarks/pipeline.py --files=2048 --batch=256 --backbone=clip_vit_b32 --dtype=bfloat16   # a GPU
 
 Writes --files synthetic photo-like JPEGs (500 x 375, quality 90: ImageNet's typical size) and measures, each
@@ -45,6 +46,7 @@ _FILES = flags.DEFINE_integer('files', 192, 'Synthetic JPEG files.')
 _BATCH = flags.DEFINE_integer('batch', 32, 'Images per batch.')
 _BACKBONE = flags.DEFINE_string('backbone', 'efficientnet_lite0', 'Backbone registry name.')
 _RANDOM = flags.DEFINE_bool('random_init', False, 'Random weights (backbones whose weights are not local).')
+_TINY = flags.DEFINE_bool('tiny', False, 'The family\'s tiny random configuration (a decode-bound model on a CPU).')
 _DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Our compute dtype.')
 _SINGLE = flags.DEFINE_integer('single_files', 64, 'Files of the one-thread decode rate.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed repeats of each decode measurement.')
@@ -66,13 +68,13 @@ def photo_like(rng, h=375, w=500) -> np.ndarray:
 
 
 def make_files(folder: str, n: int) -> list[str]:
-  rng = np.random.default_rng(0)
-  paths = []
-  for i in range(n):
+  """n JPEGs written on a thread pool (PIL's encoder releases the GIL); image i depends on i only."""
+  def one(i):
     p = os.path.join(folder, f'{i:05d}.jpg')
-    Image.fromarray(photo_like(rng)).save(p, quality=90)
-    paths.append(p)
-  return paths
+    Image.fromarray(photo_like(np.random.default_rng(i))).save(p, quality=90)
+    return p
+  with concurrent.futures.ThreadPoolExecutor(pipeline.default_workers()) as ex:
+    return list(ex.map(one, range(n)))
 
 
 def rate(n, f, repeats):
@@ -140,9 +142,11 @@ def tf_data_decode(paths, pre, batch_size):
 
 def main(_):
   cores = pipeline.default_workers()
-  bb = get_backbone(_BACKBONE.value, **({'random_init': 0} if _RANDOM.value else {}))
+  kw = {'random_init': 0} if _RANDOM.value or _TINY.value else {}
+  bb = get_backbone(_BACKBONE.value, **kw, **({'tiny': True} if _TINY.value else {}))
   pre, b = bb.preprocess, _BATCH.value
-  result = {'benchmark': 'pipeline', 'backbone': bb.name, 'device': str(jax.devices()[0].device_kind),
+  result = {'benchmark': 'pipeline', 'backbone': bb.name + (' (tiny, random)' if _TINY.value else ''),
+            'device': str(jax.devices()[0].device_kind),
             'platform': jax.default_backend(), 'host_cores': cores, 'batch': b, 'dtype': _DTYPE.value,
             'image_size': pre.size, 'interpolation': pre.interpolation, 'files': _FILES.value,
             'file_size': '500x375 JPEG q90 (synthetic, photo-like)', 'matmul_precision': 'default'}
