@@ -3,8 +3,9 @@
 pool(): for each chosen layer, the spatial mean of its map (token mean for (N, T, C) sequences; a (N, C)
 vector is taken as is), L2-normalised per layer, then concatenated in the order of `layers`.
 
-extract(): batched extraction over a list of image files: decoding + resizing on the host (PIL, a thread
-pool overlapping the device), one jitted program per batch shape, a progress bar, optional bfloat16 compute.
+extract(): batched extraction over a list of image files: decoding + resizing on the host (data/pipeline.py: one
+PIL thread per core, batches prefetched, the next batch's transfer overlapping the device; an optional
+memory-mapped decoded-image cache), one jitted program per batch shape, a progress bar, optional bfloat16 compute.
 
 cached_features(): the same, behind a cache: one .npz per (image list x backbone x weights x layers x
 preprocessing x dtype) holding `features`, `names` and a JSON `manifest`. Written atomically (temp file + rename);
