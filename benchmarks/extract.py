@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import interleaved  # noqa: E402
+import precision  # noqa: E402
 from visim_jax import features  # noqa: E402
 from visim_jax.backbones import efficientnet_lite, get_backbone  # noqa: E402
 from visim_jax.data import demo, images  # noqa: E402
@@ -38,6 +39,7 @@ _BATCHES = flags.DEFINE_integer('batches', 4, 'Timed batches.')
 _DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Our compute dtype.')
 _ALT = flags.DEFINE_integer('alternations', 3, 'Interleaved (ours, PyTorch) alternations.')
 _FILES = flags.DEFINE_integer('files', 64, 'Demo image files for the decode and end-to-end numbers.')
+precision.define_flag()
 
 
 def torch_model(sd, layers, channels_last=True):
@@ -107,12 +109,14 @@ def torch_model(sd, layers, channels_last=True):
 
 
 def main(_):
+  prec = precision.apply()
+  print(f'[extract] precision {prec["name"]}', file=sys.stderr, flush=True)
   bb = get_backbone('efficientnet_lite0')
   b, size = _BATCH.value, bb.preprocess.size
   rng = np.random.RandomState(0)
   x = rng.randint(0, 256, (b, size, size, 3)).astype(np.uint8)
   result = {'benchmark': 'extract', 'backbone': bb.name, 'device': str(jax.devices()[0].device_kind),
-            'platform': jax.default_backend(), 'batch': b, 'image_size': size, 'dtype': _DTYPE.value}
+            'platform': jax.default_backend(), 'batch': b, 'image_size': size, 'dtype': _DTYPE.value, 'precision': prec}
 
   fn = features.make_extract_fn(bb, bb.layers, jnp.dtype(_DTYPE.value))
   t0 = time.perf_counter()

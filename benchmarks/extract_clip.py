@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import interleaved  # noqa: E402
+import precision  # noqa: E402
 from visim_jax import features  # noqa: E402
 from visim_jax.backbones import get_backbone, hf  # noqa: E402
 from visim_jax.data import images  # noqa: E402
@@ -45,6 +46,7 @@ _ALT = flags.DEFINE_integer('alternations', 3, 'Interleaved (ours, PyTorch) alte
 _FILES = flags.DEFINE_integer('files', 64, 'JPEG files for the decode-only and end-to-end numbers (GPU: 2048).')
 _THREADS = flags.DEFINE_integer('threads', 8, 'Decode threads for the pooled decode number.')
 _MODEL = flags.DEFINE_string('model', 'clip_vit_b32', 'A clip_vit_* name.')
+precision.define_flag()
 
 
 def write_jpegs(folder, n, rng):
@@ -64,6 +66,7 @@ def main(_):
   import torch
   import transformers
   torch.set_num_threads(os.cpu_count())
+  prec = precision.apply()
   spec = hf.SPECS[_MODEL.value]
   if spec.family != 'clip':
     raise app.UsageError(f'--model: a clip_vit_* name, got {_MODEL.value}')
@@ -72,7 +75,8 @@ def main(_):
   b = _BATCH.value
   result = {'benchmark': 'extract_clip', 'model': _MODEL.value, 'devices': [str(d) for d in jax.devices()],
             'device_kind': jax.devices()[0].device_kind, 'platform': jax.default_backend(), 'batch': b,
-            'batches': _BATCHES.value, 'dtypes': list(_DTYPE.value), 'host_cpus': os.cpu_count()}
+            'batches': _BATCHES.value, 'dtypes': list(_DTYPE.value), 'host_cpus': os.cpu_count(),
+            'precision': prec}
 
   with tempfile.TemporaryDirectory() as tmp:
     torch.manual_seed(0)
@@ -92,6 +96,7 @@ def main(_):
     std = torch.tensor(bb.preprocess.std, device=tdev).view(1, 3, 1, 1)
     result['rows'], result['by_dtype'] = [], {}
     for dt in _DTYPE.value:
+      print(f'[extract_clip] {dt} (float32 matmuls: {prec["name"]})', file=sys.stderr, flush=True)
       tdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[dt]
       fn = features.make_extract_fn(bb, ('pooled',), jnp.dtype(dt))
       t0 = time.perf_counter()
@@ -115,7 +120,8 @@ def main(_):
       times = interleaved.interleaved({'ours': run_ours, 'reference': run_torch}, _ALT.value)
       stats = interleaved.compare(times['ours'], times['reference'], work=b * _BATCHES.value, unit='images')
       result['by_dtype'][dt] = {'ours_compile_s': compile_s, **stats}
-      result['rows'].append(interleaved.row(f'extraction, CLIP {_MODEL.value} pooled, batch {b}, {dt} both sides, '
+      result['rows'].append(interleaved.row(f'extraction, CLIP {_MODEL.value} pooled, batch {b}, {dt} both sides'
+                                            f'{" (" + prec["name"] + ")" if dt == "float32" else ""}, '
                                             'uint8 in', stats, 'ours (jitted Flax)', 'HF PyTorch', 'images'))
     result['reference'] = (f'transformers {transformers.__version__} CLIPVisionModel on PyTorch {torch.__version__} '
                            f'({tdev}, attn {ref.config._attn_implementation}, inference_mode), same dtype as ours')
@@ -129,6 +135,7 @@ def main(_):
     result['max_abs_diff_pooled_fp32'] = float(np.abs(np.asarray(got) - want).max())
 
     # host side
+    print('[extract_clip] host pipeline', file=sys.stderr, flush=True)
     paths = write_jpegs(tmp, _FILES.value, np.random.default_rng(1))
     t0 = time.perf_counter()
     images.load_batch(paths, bb.preprocess)
@@ -138,10 +145,10 @@ def main(_):
       list(ex.map(lambda p: images.load_image(p, bb.preprocess), paths))
     result[f'decode_only_images_per_s_{_THREADS.value}_threads'] = len(paths) / (time.perf_counter() - t0)
     result['jpeg'] = '640x480, quality 90, decode + bicubic resize (shorter side 224) + centre crop'
-    # features.extract builds (and compiles) its jitted function on every call: the number includes one compile
+    # features.extract (data/pipeline.py: one decode thread per core); its program is the one compiled above
     t0 = time.perf_counter()
     features.extract(bb, paths, batch_size=b, progress=False, dtype=_DTYPE.value[0], layers=('pooled',))
-    result['end_to_end_images_per_s_incl_compile'] = len(paths) / (time.perf_counter() - t0)
+    result['end_to_end_images_per_s'] = len(paths) / (time.perf_counter() - t0)
   print(json.dumps(result, indent=1))
 
 

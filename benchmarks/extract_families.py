@@ -12,7 +12,7 @@ PyTorch side: the reference implementation when installed (torchvision for the R
 the ViTs, geffnet for EfficientNet, facenet-pytorch for FaceNet),
 otherwise the PyTorch reference written in the parity tests (the same layers; the JSON says which), run the way the
 seed code extracts: forward hooks on the default layers' modules, then per-layer spatial mean + L2 + concat,
-`torch.inference_mode`, float32 on CPU / --torch_dtype on CUDA.
+`torch.inference_mode`, in --torch_dtype (default: the same dtype as ours; --precision for float32 matmuls).
 Ours: `features.make_extract_fn` (uint8 in, normalise + network + pooling, one jitted program), --dtype.
 Both are timed on inputs already on the device, interleaved (A B B A ..., --batches alternations, at least 3,
 after one warm-up call each): images/s as the median over the calls, with the [slowest, fastest] spread; our
@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from visim_jax import features  # noqa: E402
+import precision  # noqa: E402  (benchmarks/precision.py; sys.path[0] is this folder)
 from visim_jax.backbones import convert, get_backbone  # noqa: E402
 
 _MEMBERS = flags.DEFINE_list('members', ['resnet50', 'bit_m_r50x1', 'alexnet', 'dino_vitb16', 'efficientnet_b0',
@@ -45,8 +46,9 @@ _MEMBERS = flags.DEFINE_list('members', ['resnet50', 'bit_m_r50x1', 'alexnet', '
 _BATCH = flags.DEFINE_integer('batch', 4, 'Images per batch (GPU: 128).')
 _BATCHES = flags.DEFINE_integer('batches', 3, 'Interleaved alternations: one timed batch per side each (>= 3).')
 _DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Our compute dtype.')
+precision.define_flag()
 _TORCH_DTYPE = flags.DEFINE_enum('torch_dtype', 'auto', ['auto', 'float32', 'bfloat16', 'float16'],
-                                 'PyTorch dtype; auto = bfloat16 on CUDA, float32 on CPU.')
+                                 'PyTorch dtype; auto = the same as --dtype (same precision on both sides).')
 
 
 def _torchvision_resnet(name):
@@ -269,19 +271,22 @@ SPECIAL = {'dreamsim_ensemble': bench_dreamsim}  # members with their own bench 
 def main(_):
   import torch
   torch.set_num_threads(os.cpu_count())
+  prec = precision.apply()
   cuda = torch.cuda.is_available()
   tdev = 'cuda' if cuda else 'cpu'
-  tdtype = {'auto': torch.bfloat16 if cuda else torch.float32, 'float32': torch.float32,
+  tdtype = {'auto': torch.bfloat16 if _DTYPE.value == 'bfloat16' else torch.float32, 'float32': torch.float32,
             'bfloat16': torch.bfloat16, 'float16': torch.float16}[_TORCH_DTYPE.value]
   unknown = sorted(set(_MEMBERS.value) - set(MEMBERS) - set(SPECIAL))
   if unknown:
     raise app.UsageError(f'--members: {unknown} unknown; known: {", ".join(list(MEMBERS) + list(SPECIAL))}')
   result = {'benchmark': 'extract_families', 'devices': [str(d) for d in jax.devices()],
             'device_kind': jax.devices()[0].device_kind, 'platform': jax.default_backend(), 'batch': _BATCH.value,
-            'batches': _BATCHES.value, 'dtype': _DTYPE.value, 'host_cpus': os.cpu_count(), 'members': {}}
+            'batches': _BATCHES.value, 'dtype': _DTYPE.value, 'torch_dtype': str(tdtype).replace('torch.', ''),
+            'precision': prec, 'host_cpus': os.cpu_count(), 'members': {}}
   with tempfile.TemporaryDirectory() as tmp:
     for name in _MEMBERS.value:
       torch.manual_seed(0)
+      print(f'[extract_families] {name}', file=sys.stderr, flush=True)
       result['members'][name] = SPECIAL.get(name, bench)(name, tmp, torch, tdev, tdtype)
   print(json.dumps(result, indent=1))
 

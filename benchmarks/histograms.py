@@ -32,6 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import interleaved  # noqa: E402
+import precision  # noqa: E402
 from visim_jax.metrics import blocked_histograms as B  # noqa: E402
 from visim_jax.metrics import histograms as H  # noqa: E402
 from visim_jax.metrics import knn  # noqa: E402
@@ -144,8 +145,11 @@ def main():
                   help='random: n_pairs per class (sampling); exact: every pair (blocked pass)')
   ap.add_argument('--tile', type=int, default=0, help='exact: block size (0: 256 on CPU, 1024 on accelerators)')
   args = ap.parse_args()
+  prec = precision.apply(torch_side=False)
+  print(f'[histograms] {args.samples:,} x {args.dim}, {args.classes} classes: synthetic features', file=sys.stderr,
+        flush=True)
 
-  out = {'benchmark': 'histograms', 'devices': [str(d) for d in jax.devices()],
+  out = {'benchmark': 'histograms', 'precision': prec, 'devices': [str(d) for d in jax.devices()],
          'device_kind': jax.devices()[0].device_kind, 'backend': jax.default_backend(),
          'sizes': {'samples': args.samples, 'dim': args.dim, 'classes': args.classes, 'n_pairs_per_class': args.n_pairs,
                    'pairs_total': 2 * args.classes * args.n_pairs, 'bins': 100, 'dtype': args.dtype,

@@ -25,6 +25,8 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import precision  # noqa: E402
 from visim_jax import similarity  # noqa: E402
 from visim_jax.metrics import human  # noqa: E402
 
@@ -55,6 +57,8 @@ def main():
   p.add_argument('--small', action='store_true', help='2,000 triplets')
   a = p.parse_args()
   t = 2000 if a.small else a.n_triplets
+  prec = precision.apply(torch_side=False)
+  print(f'[leaderboard] {t:,} triplets x {a.dim}', file=sys.stderr, flush=True)
   rng = np.random.default_rng(0)
   n_img = int(1.5 * t)
   feats = rng.standard_normal((n_img, a.dim)).astype(np.float32)
@@ -79,7 +83,7 @@ def main():
   assert abs(results['ours']['ci_low'] - results['numpy']['ci_low']) < 0.02, results
   stats = {k: {'median_s': float(np.median(v)), 'min_s': float(min(v)), 'max_s': float(max(v)), 'runs': len(v),
                'triplets_per_s': t / float(np.median(v))} for k, v in times.items()}
-  out = {'benchmark': 'leaderboard_cell_scoring', 'n_triplets': t, 'n_images': n_img, 'dim': a.dim,
+  out = {'precision': prec, 'benchmark': 'leaderboard_cell_scoring', 'n_triplets': t, 'n_images': n_img, 'dim': a.dim,
          'n_boot': a.n_boot, 'order': order, 'ours_first_call_s': first_s, 'paths': stats,
          'speedup': stats['numpy']['median_s'] / stats['ours']['median_s'], 'score': first['score'],
          'device': jax.devices()[0].device_kind, 'cpus': os.cpu_count(), 'machine': platform.machine(),

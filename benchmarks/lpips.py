@@ -36,6 +36,15 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+def _local(name):
+  """benchmarks/<name>.py (this folder is off sys.path, see above)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location(f'_bench_{name}', os.path.join(HERE, f'{name}.py'))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
 def pairs_of(size: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
   """n uint8 pairs of size x size: random crops of skimage photos vs another photo / a blur / a shift."""
   from PIL import Image, ImageFilter
@@ -71,6 +80,9 @@ def main(argv=None) -> dict:
   a = ap.parse_args(argv)
 
   import torch
+  prec = _local('precision').apply()
+  tdev = 'cuda' if torch.cuda.is_available() else 'cpu'
+  print(f'[lpips] {a.nets} at {a.sizes} px, torch on {tdev}, precision {prec["name"]}', file=sys.stderr, flush=True)
   import torch_init
   from visim_jax import lpips
   from visim_jax.backbones import weights as weights_lib
@@ -82,7 +94,7 @@ def main(argv=None) -> dict:
   for net in [n.strip() for n in a.nets.split(',') if n.strip()]:
     ours = lpips.load_lpips(net)
     trunk_file = weights_lib.default_location(lpips.BACKBONE[ours.net]) + '.safetensors'
-    ref = torch_init.lpips_reference(ref_lpips, ours.net, trunk_file)
+    ref = torch_init.lpips_reference(ref_lpips, ours.net, trunk_file).to(tdev)
     fn = jax.jit(lambda p, u0, u1: lpips.distance(p, lpips.embed(p, u0.astype(jnp.float32) / 255.0),
                                                   lpips.embed(p, u1.astype(jnp.float32) / 255.0)))
     for size in [int(s) for s in a.sizes.split(',') if s.strip()]:
@@ -95,9 +107,9 @@ def main(argv=None) -> dict:
 
       def run_torch():
         with torch.no_grad():
-          return np.concatenate([ref(torch.from_numpy(b0.transpose(0, 3, 1, 2).astype(np.float32) / 127.5 - 1),
-                                     torch.from_numpy(b1.transpose(0, 3, 1, 2).astype(np.float32) / 127.5 - 1)
-                                     ).numpy().reshape(-1) for b0, b1 in batches])
+          return np.concatenate([ref(torch.from_numpy(b0.transpose(0, 3, 1, 2).astype(np.float32) / 127.5 - 1).to(tdev),
+                                     torch.from_numpy(b1.transpose(0, 3, 1, 2).astype(np.float32) / 127.5 - 1).to(tdev)
+                                     ).cpu().numpy().reshape(-1) for b0, b1 in batches])
 
       t = time.perf_counter()
       d_ours = run_ours()
@@ -123,7 +135,13 @@ def main(argv=None) -> dict:
          'machine': {'jax_device': jax.devices()[0].device_kind, 'cpus': os.cpu_count(),
                      'load_average_1m': os.getloadavg()[0], 'torch': torch.__version__, 'torch_threads':
                      torch.get_num_threads(), 'jax': jax.__version__, 'platform': platform.platform()},
-         'results': results,
+         'precision': prec, 'torch_device': tdev, 'results': results,
+         'rows': [{'capability': f'LPIPS v0.1 {r["net"]}, {r["size"]} px, {r["pairs"]} pairs, batch {r["batch"]}, '
+                                 f'float32 ({prec["name"]})',
+                   'ours': f'ours (jitted): {r["ours_pairs_per_s"]:.4g} pairs/s',
+                   'reference': f'lpips package ({tdev}): {r["torch_pairs_per_s"]:.4g} pairs/s',
+                   'ratio': r['speedup'], 'spread': None, 'alternations': a.alternations,
+                   'load_average': [round(x, 2) for x in os.getloadavg()]} for r in results],
          'speedup': float(np.median([r['speedup'] for r in results]))}
   text = json.dumps(out, indent=2)
   print(text)

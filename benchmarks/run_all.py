@@ -4,6 +4,8 @@ r"""Runs every capability benchmark and prints one table: capability, ours, refe
   python benchmarks/run_all.py --small    # the same comparisons at small sizes, a few minutes
   python benchmarks/run_all.py --only=adapt,twoafc
   python benchmarks/run_all.py --dry_run  # the commands it would run
+  python benchmarks/run_all.py --gpu      # every capability on one GPU in at most 6 minutes (GPU_PLAN)
+  python benchmarks/run_all.py --gpu --dry_run   # the GPU plan: each script, its budget and its command
 
 Each script runs as a subprocess (its arguments: PRESETS[--small or full] on a CPU, the bare GPU-size defaults
 with --sizes=default) and prints one JSON object whose `rows` are its comparisons: each side timed interleaved
@@ -11,6 +13,13 @@ with --sizes=default) and prints one JSON object whose `rows` are its comparison
 alternations, the load average when measured). The table goes into benchmarks/RESULTS.md between
 `<!-- run_all:begin -->` and `<!-- run_all:end -->` with the machine, the date and the command; the full JSON
 of every script into benchmarks/results_all.json. A script that fails or times out gets a row saying so.
+
+--gpu runs GPU_PLAN instead: each entry one script with GPU sizes chosen to finish, its own budget (a subprocess
+timeout; the budgets add up to GPU_TOTAL_S = 6 minutes), the float32 precision of both sides set explicitly
+($VISIM_BENCH_PRECISION -> benchmarks/precision.py) and written in its JSON. Each script's progress lines are
+echoed as they come, and its JSON is printed and appended to benchmarks/results_gpu.jsonl as soon as it finishes,
+so a suite that is killed keeps what finished; the table goes between `<!-- run_all_gpu:begin -->` and
+`<!-- run_all_gpu:end -->` in RESULTS.md.
 """
 from __future__ import annotations
 
@@ -21,6 +30,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -52,6 +62,111 @@ PRESETS = {
         'lpips': [],
     },
 }
+
+
+# --gpu: (entry name, script, arguments, budget in seconds, float32 precision of both sides). Sizes are chosen so that
+# each finishes within its budget on one H100 (80 GB) with 16 host cores, start-up and compilation included.
+GPU_TOTAL_S = 360
+GPU_PLAN = (
+    ('pipeline', 'pipeline', ['--files=1024', '--batch=256', '--dtype=bfloat16', '--repeats=2', '--alternations=2'],
+     35, 'fp32'),
+    ('extract_lite0', 'extract', ['--batch=256', '--batches=10', '--dtype=float32', '--files=256'], 25, 'fp32'),
+    ('extract_clip_b32', 'extract_clip', ['--batch=256', '--batches=10', '--files=512'], 40, 'fp32'),
+    ('extract_siglip_dreamsim', 'extract_families',
+     ['--members=siglip_b16_224,dreamsim_ensemble', '--batch=64', '--batches=3', '--dtype=bfloat16'], 65, 'fp32'),
+    ('lpips', 'lpips', ['--nets=alex,vgg', '--sizes=64,224', '--pairs=4096', '--batch=256'], 25, 'fp32'),
+    ('adapt_tll', 'adapt', ['--preset=tll', '--alternations=2'], 70, 'fp32'),
+    ('simnet', 'simnet', ['--preset=gpu', '--reference', '--skip_naive', '--queries=512', '--database=16384',
+                          '--repeats=2'], 25, 'fp32'),
+    ('histograms_imagenet', 'histograms', ['--samples=1281167', '--dim=768', '--classes=1000', '--n_pairs=2000',
+                                           '--repeats=2'], 35, 'fp32'),
+    ('search', 'search', ['--n=1000000', '--dim=768', '--queries=512', '--repeats=2'], 20, 'fp32'),
+    ('twoafc', 'twoafc', ['--n_triplets=2000000', '--loop_triplets=20000', '--sweep_triplets=20000',
+                          '--repeats=2'], 20, 'fp32'),
+)
+GPU_BEGIN, GPU_END = '<!-- run_all_gpu:begin -->', '<!-- run_all_gpu:end -->'
+
+
+def gpu_commands() -> list[dict]:
+  """GPU_PLAN as {name, script, args, budget_s, precision, command} (what --gpu --dry_run prints)."""
+  return [{'name': n, 'script': f'{s}.py', 'args': a, 'budget_s': b, 'precision': p,
+           'command': f'VISIM_BENCH_PRECISION={p} python benchmarks/{s}.py {" ".join(a)}'.rstrip()}
+          for n, s, a, b, p in GPU_PLAN]
+
+
+def run_streaming(cmd: list[str], timeout: float, env: dict, prefix: str) -> tuple[int | None, str, str]:
+  """(exit status or None on timeout, stdout, stderr tail): stderr lines echoed as they come; the process group
+  is killed at `timeout`."""
+  p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       start_new_session=True)
+  out, err = [], []
+
+  def pump(stream, sink, echo):
+    for line in stream:
+      sink.append(line)
+      if echo:
+        print(f'   {prefix}| {line.rstrip()}'[:300], flush=True)
+  threads = [threading.Thread(target=pump, args=(p.stdout, out, False), daemon=True),
+             threading.Thread(target=pump, args=(p.stderr, err, True), daemon=True)]
+  for t in threads:
+    t.start()
+  try:
+    rc = p.wait(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    import signal  # pylint: disable=g-import-not-at-top
+    try:
+      os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+    p.wait()
+    rc = None
+  for t in threads:
+    t.join(timeout=5)
+  return rc, ''.join(out), ''.join(err)[-3000:]
+
+
+def run_gpu(a) -> list[dict]:
+  """--gpu: GPU_PLAN, each entry in its budget, its JSON printed and appended to --gpu_jsonl when it ends."""
+  plan = gpu_commands()
+  wanted = [s.strip().removesuffix('.py') for s in a.only.split(',') if s.strip()]
+  if wanted:
+    plan = [e for e in plan if e['name'] in wanted or e['script'][:-3] in wanted]
+  total = sum(e['budget_s'] for e in plan)
+  print(f'GPU plan: {len(plan)} scripts, budgets add up to {total} s (at most {GPU_TOTAL_S} s)', flush=True)
+  for e in plan:
+    print(f'  {e["name"]:<26} {e["budget_s"]:>4} s  {e["command"]}', flush=True)
+  if a.dry_run:
+    return plan
+  rows = []
+  t_suite = time.time()
+  for e in plan:
+    print(f'-- {e["name"]} (budget {e["budget_s"]} s, {time.time() - t_suite:.0f} s into the suite)', flush=True)
+    env = {**os.environ, 'PYTHONPATH': ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''),
+           'VISIM_BENCH_PRECISION': e['precision'], 'PYTHONUNBUFFERED': '1'}
+    t = time.time()
+    rc, out, err = run_streaming([sys.executable, os.path.join(HERE, e['script']), *e['args']], e['budget_s'],
+                                 env, e['name'])
+    wall = time.time() - t
+    result = last_json_object(out)
+    status = ('ok' if rc == 0 and result is not None else f'timeout ({e["budget_s"]} s)' if rc is None else
+              f'failed (exit {rc})' if rc else 'no JSON printed')
+    row = {'script': e['script'], 'name': e['name'], 'args': e['args'], 'budget_s': e['budget_s'],
+           'precision': e['precision'], 'status': status, 'wall_s': wall, 'result': result}
+    if status != 'ok':
+      row['stderr_tail'] = err
+    print(f'   {status} in {wall:.1f} s', flush=True)
+    print(json.dumps(row), flush=True)
+    with open(a.gpu_jsonl, 'a') as f:
+      f.write(json.dumps(row) + '\n')
+    rows.append(row)
+  mach = machine()
+  date = datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')
+  section = render(rows, mach, date, 'python benchmarks/run_all.py --gpu').replace(BEGIN, GPU_BEGIN).replace(
+      END, GPU_END).replace('benchmarks/results_all.json', os.path.relpath(a.gpu_jsonl, ROOT))
+  print('\n'.join(l for l in section.split('\n') if l.startswith('|') or l.startswith('Machine')))
+  update_results(a.results, section, GPU_BEGIN, GPU_END)
+  print(f'wrote {a.results} and {a.gpu_jsonl} ({time.time() - t_suite:.0f} s in all)')
+  return rows
 
 
 def last_json_object(text: str) -> dict | None:
@@ -109,17 +224,19 @@ def render(rows: list[dict], mach: dict, date: str, command: str) -> str:
            'one alternation.', ''] + HEAD
   for r in rows:
     cmd = ' '.join(['python', 'benchmarks/' + r['script']] + r.get('args', []))
+    if r.get('precision'):
+      cmd = f'VISIM_BENCH_PRECISION={r["precision"]} {cmd}'
     lines += [fmt_row(t, cmd) for t in table_rows(r)]
   lines += ['', 'Full JSON of every script: `benchmarks/results_all.json`.', '', END]
   return '\n'.join(lines)
 
 
-def update_results(path: str, section: str) -> None:
+def update_results(path: str, section: str, begin: str = BEGIN, end: str = END) -> None:
   """Replaces the run_all section of `path` (or appends it), leaving the rest of the file as it was."""
   text = open(path).read() if os.path.exists(path) else '# Benchmark results\n'
-  b, e = text.find(BEGIN), text.find(END)
+  b, e = text.find(begin), text.find(end)
   if b >= 0 and e > b:
-    text = text[:b] + section + text[e + len(END):]
+    text = text[:b] + section + text[e + len(end):]
   else:
     text = text.rstrip('\n') + '\n\n' + section + '\n'
   tmp = path + '.tmp'
@@ -159,7 +276,12 @@ def main(argv=None):
   ap.add_argument('--sizes', default='auto', choices=('auto', 'cpu', 'default'),
                   help="auto: PRESETS when jax's backend is the CPU; cpu: always; default: the scripts' bare "
                        "defaults (the issues' GPU sizes)")
+  ap.add_argument('--gpu', action='store_true', help='GPU_PLAN: every capability on one GPU within 6 minutes')
+  ap.add_argument('--gpu_jsonl', default=os.path.join(HERE, 'results_gpu.jsonl'),
+                  help='--gpu: each finished script\'s JSON is appended here at once')
   a = ap.parse_args(argv)
+  if a.gpu:
+    return run_gpu(a)
   wanted = [s.strip().removesuffix('.py') for s in a.only.split(',') if s.strip()] or list(SCRIPTS)
   unknown = [s for s in wanted if s not in SCRIPTS]
   if unknown:

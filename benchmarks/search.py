@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import interleaved  # noqa: E402
+import precision  # noqa: E402
 from visim_jax import search  # noqa: E402
 
 PRESETS = {'cpu': dict(n=100_000, dim=256, queries=128), 'gpu': dict(n=4_000_000, dim=1024, queries=1024)}
@@ -62,7 +63,9 @@ def main(_):
     e = min(n, s + (1 << 18))
     db[s:e] = centres[rng.integers(0, 256, e - s)] + rng.standard_normal((e - s, dim), dtype=np.float32)
   q = centres[rng.integers(0, 256, nq)] + rng.standard_normal((nq, dim), dtype=np.float32)
-  result = {'devices': [str(d) for d in jax.local_devices()], 'device_kind': jax.devices()[0].device_kind,
+  prec = precision.apply(torch_side=False)
+  print(f'[search] {p}', file=sys.stderr, flush=True)
+  result = {'precision': prec, 'devices': [str(d) for d in jax.local_devices()], 'device_kind': jax.devices()[0].device_kind,
             'n_index': n, 'dim': dim, 'queries': nq, 'k': k, 'block': _BLOCK.value, 'index_dtype': _DTYPE.value,
             'cpu_count': os.cpu_count()}
 

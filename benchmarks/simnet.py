@@ -42,6 +42,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import interleaved  # noqa: E402
+import precision  # noqa: E402
 from visim_jax import simnet  # noqa: E402
 
 PRESETS = {
@@ -192,6 +193,8 @@ def main():
   ap.add_argument('--rmac_batch', type=int, default=None)
   args = ap.parse_args()
   preset = args.preset if args.preset != 'auto' else ('cpu' if jax.default_backend() == 'cpu' else 'gpu')
+  prec = precision.apply(torch_side=args.reference)
+  print(f'[simnet] preset {preset}, precision {prec["name"]}', file=sys.stderr, flush=True)
   if args.rmac:
     return rmac_benchmark(preset, args)
   cfg = dict(PRESETS[preset])
@@ -209,7 +212,7 @@ def main():
   tiles = dict(q_tile=cfg['q_tile'], d_tile=cfg['d_tile'])
   flops_per_pair = 2 * sum(a * b for a, b in zip((2 * cfg['dim'], *hidden), (*hidden, 1)))
 
-  result = {'benchmark': 'simnet_all_pairs', 'preset': preset, 'devices': [str(x) for x in jax.devices()],
+  result = {'precision': prec, 'benchmark': 'simnet_all_pairs', 'preset': preset, 'devices': [str(x) for x in jax.devices()],
             'device_kind': jax.devices()[0].device_kind, 'backend': jax.default_backend(),
             'host': platform.processor() or platform.machine(), 'jax': jax.__version__,
             'sizes': {**cfg, 'hidden': list(hidden), 'pairs': n_pairs, 'num_params': simnet.num_params(params),

@@ -31,6 +31,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import interleaved  # noqa: E402
+import precision  # noqa: E402
 from visim_jax import ensembles, triplets as cs
 from visim_jax.metrics import twoafc
 
@@ -62,13 +63,15 @@ def main():
   a = p.parse_args()
   if a.small:
     a.n_images, a.dim, a.n_triplets, a.loop_triplets, a.sweep_triplets = 20_000, 512, 200_000, 20_000, 10_000
+  prec = precision.apply(torch_side=False)
+  print(f'[twoafc] {a.n_triplets:,} triplets of {a.n_images:,} x {a.dim}', file=sys.stderr, flush=True)
 
   rng = np.random.default_rng(a.seed)
   feats = rng.standard_normal((a.n_images, a.dim), dtype=np.float32)
   ref, ia, ib = (rng.integers(0, a.n_images, a.n_triplets, dtype=np.int32) for _ in range(3))
   lab = rng.random(a.n_triplets) < 0.5
   dev = [jnp.asarray(x) for x in (feats, ref, ia, ib, lab)]
-  res = {'devices': [str(d) for d in jax.devices()], 'platform': jax.devices()[0].platform,
+  res = {'precision': prec, 'devices': [str(d) for d in jax.devices()], 'platform': jax.devices()[0].platform,
          'device_kind': jax.devices()[0].device_kind, 'sizes': {k: getattr(a, k) for k in (
              'n_images', 'dim', 'n_triplets', 'loop_triplets', 'models', 'embed_dim')}, 'paths': {}}
 

@@ -111,7 +111,7 @@ class RefBranch(nn.Module):
       self.proj = nn.Parameter(torch.zeros(arch.width, arch.proj_dim))
 
   def forward(self, x01):
-    mean, std = (torch.tensor(v).reshape(1, 3, 1, 1) for v in self.branch.norm)
+    mean, std = (torch.tensor(v, device=x01.device, dtype=x01.dtype).reshape(1, 3, 1, 1) for v in self.branch.norm)
     x = self.patch_embed((x01 - mean) / std)
     x = self.pos_drop(torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.positions())
     for blk in self.blocks:

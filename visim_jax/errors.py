@@ -82,6 +82,9 @@ def quiet_logs() -> None:
   for name in ('jax', 'orbax', 'absl', 'etils'):
     logging.getLogger(name).setLevel(logging.WARNING)
   logging.getLogger('jax._src.xla_bridge').setLevel(logging.ERROR)  # "no GPU/TPU found" on CPU machines
+  from visim_jax import native_log  # XLA's GPU autotuning chatter on fd 2 (C++), see native_log.py
+  if native_log.has_gpu_plugin():
+    native_log.install()
 
 
 def main_wrapper(main):

@@ -3,8 +3,9 @@
 pool(): for each chosen layer, the spatial mean of its map (token mean for (N, T, C) sequences; a (N, C)
 vector is taken as is), L2-normalised per layer, then concatenated in the order of `layers`.
 
-extract(): batched extraction over a list of image files: decoding + resizing on the host (PIL, a thread
-pool overlapping the device), one jitted program per batch shape, a progress bar, optional bfloat16 compute.
+extract(): batched extraction over a list of image files: decoding + resizing on the host (data/pipeline.py: one
+PIL thread per core, batches prefetched, the next batch's transfer overlapping the device; an optional
+memory-mapped decoded-image cache), one jitted program per batch shape, a progress bar, optional bfloat16 compute.
 
 cached_features(): the same, behind a cache: one .npz per (image list x backbone x weights x layers x
 preprocessing x dtype) holding `features`, `names` and a JSON `manifest`. Written atomically (temp file + rename);
@@ -23,7 +24,6 @@ PCA-whitening learned on `rmac.whiten_on`), for every experiment that reads feat
 """
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import json
 import os
@@ -35,9 +35,9 @@ import numpy as np
 from absl import logging
 from tqdm.auto import tqdm
 
-from visim_jax import ops, report, sharding
+from visim_jax import device_rows, ops, report, sharding
 from visim_jax.backbones.base import Backbone
-from visim_jax.data import images as images_lib
+from visim_jax.data import pipeline
 from visim_jax.errors import UserError
 
 CACHE_VERSION = 1
@@ -84,8 +84,13 @@ def make_extract_fn(backbone: Backbone, layers: Sequence[str], dtype=jnp.float32
 
 def extract(backbone: Backbone, paths: Sequence[str], layers: Sequence[str] | None = None,
             batch_size: int = 32, dtype: str = 'float32', progress: bool = True,
-            desc: str = 'features', num_threads: int = 4, flip: bool = False, loader=None) -> np.ndarray:
+            desc: str = 'features', num_threads: int | None = None, flip: bool = False, loader=None,
+            image_cache: str | None = None, prefetch: int = 4) -> np.ndarray:
   """Pooled features of every image in `paths` (order kept), as float32 (N, D).
+
+  The host side is data/pipeline.py: images decoded one by one on `num_threads` threads (default: one per
+  host core), `prefetch` batches ahead, batch k + 1 transferred while batch k computes. image_cache: a folder
+  for the decoded-image cache (pipeline.host_batches; None: decode every time).
 
   loader(items, preprocess) -> uint8 (B, size, size, 3) replaces images.load_batch for sources that are not
   image files (e.g. data.classes.TfdsImages.load_batch; `paths` are then its item names).
@@ -104,41 +109,30 @@ def extract(backbone: Backbone, paths: Sequence[str], layers: Sequence[str] | No
   mesh = sharding.make_mesh('batch', jax.local_devices())
   batch_size = sharding.padded(batch_size, mesh)
   variables = jax.device_put(backbone.variables, sharding.replicated(mesh))
-  batches = [list(paths[i:i + batch_size]) for i in range(0, len(paths), batch_size)]
-  pre = backbone.preprocess
+  host = pipeline.host_batches(paths, backbone.preprocess, batch_size, flip=flip, loader=loader,
+                               workers=num_threads, prefetch=prefetch, image_cache=image_cache)
+  bar = tqdm(total=len(paths), desc=desc, unit='img', disable=not progress)
+  pending = None  # the previous batch's (start, n, result): read back after the next one is dispatched
 
-  def load(batch):
-    x = (loader or images_lib.load_batch)(batch, pre)
-    if flip:
-      x = np.ascontiguousarray(x[:, :, ::-1])
-    if len(batch) < batch_size:  # pad to one shape: one compilation
-      x = np.concatenate([x, np.zeros((batch_size - len(batch),) + x.shape[1:], x.dtype)])
-    return x
+  def collect(p):
+    start, n, y = p
+    out[start:start + n] = np.asarray(y)[:n]
+    bar.update(n)
 
-  with concurrent.futures.ThreadPoolExecutor(num_threads) as pool_ex:
-    futures = [pool_ex.submit(load, b) for b in batches[:2]]
-    bar = tqdm(total=len(paths), desc=desc, unit='img', disable=not progress)
-    for i, batch in enumerate(batches):
-      x = futures[i].result()
-      if i + 2 < len(batches):
-        futures.append(pool_ex.submit(load, batches[i + 2]))
-      start = i * batch_size
-      x = jax.device_put(x, sharding.split(mesh))
-      out[start:start + len(batch)] = np.asarray(fn(variables, x))[:len(batch)]
-      bar.update(len(batch))
-    bar.close()
+  for start, n, x in pipeline.device_batches(host, lambda a: jax.device_put(a, sharding.split(mesh))):
+    y = fn(variables, x)  # asynchronous: the device computes while the host reads back and decodes
+    if pending is not None:
+      collect(pending)
+    pending = (start, n, y)
+  if pending is not None:
+    collect(pending)
+  bar.close()
   return out
 
 
 # ----------------------------------------------------------------------------------------------- cache
 
-def file_list_hash(paths: Sequence[str]) -> str:
-  """Hash of the file list: names, sizes and modification times (a changed image invalidates the cache)."""
-  h = hashlib.sha256()
-  for p in paths:
-    st = os.stat(p)
-    h.update(f'{os.path.abspath(p)}\0{st.st_size}\0{st.st_mtime_ns}\n'.encode())
-  return h.hexdigest()
+file_list_hash = pipeline.file_list_hash  # names, sizes and modification times of the files
 
 
 def manifest_for(backbone: Backbone, paths: Sequence[str], layers: Sequence[str], dtype: str,
@@ -164,7 +158,8 @@ def cache_path(cache_dir: str, tag: str, manifest: dict) -> str:
 
 
 def _checksum(features: np.ndarray) -> str:
-  return hashlib.sha256(np.ascontiguousarray(features).tobytes()).hexdigest()
+  """sha256 of the array's bytes, hashed in place (no bytes copy of a cache of millions of rows)."""
+  return hashlib.sha256(memoryview(np.ascontiguousarray(features)).cast('B')).hexdigest()
 
 
 def read_cache(path: str, manifest: dict | None = None) -> tuple[np.ndarray, np.ndarray] | None:
@@ -177,7 +172,7 @@ def read_cache(path: str, manifest: dict | None = None) -> tuple[np.ndarray, np.
       features, names = z['features'], z['names']
     if stored.get('features_sha256') != _checksum(features):
       raise ValueError('checksum mismatch')
-    if features.ndim != 2 or len(names) != len(features) or not np.isfinite(features).all():
+    if features.ndim != 2 or len(names) != len(features) or not device_rows.all_finite(features):
       raise ValueError('bad shapes or non-finite values')
   except Exception as e:  # zip errors, truncation, missing keys, bad json...
     logging.warning('feature cache %s is corrupt (%s): rebuilding it', path, e)
@@ -193,19 +188,19 @@ def cached_features(backbone: Backbone, paths: Sequence[str], cache_dir: str | N
                     layers: Sequence[str] | None = None, names: Sequence[str] | None = None,
                     tag: str = 'images', batch_size: int = 32, dtype: str = 'float32',
                     progress: bool = True, flip: bool = False, loader=None,
-                    source_id: dict | None = None) -> np.ndarray:
+                    source_id: dict | None = None, image_cache: str | None = None) -> np.ndarray:
   """Features of `paths`, from the cache when its manifest matches, else extracted and cached.
 
   With cache_dir=None nothing is written. `names` (default: the paths) are stored beside the features.
   loader / source_id: items that are not files (see `extract`); source_id (JSON) then keys the cache in place
-  of the file list's hash.
+  of the file list's hash. image_cache: the decoded-image cache folder (`extract`), None: off.
   """
   layers = tuple(layers or backbone.layers)
   names = np.asarray(list(names if names is not None else paths))
   tag = tag + ('-flip' if flip else '')
   if cache_dir is None:
     return extract_all_hosts(backbone, paths, layers, batch_size, dtype, progress, desc=tag, flip=flip,
-                             loader=loader)
+                             loader=loader, image_cache=image_cache)
   manifest = manifest_for(backbone, paths, layers, dtype, flip, source_id)
   path = cache_path(cache_dir, tag, manifest)
   hit = read_cache(path, manifest)
@@ -216,8 +211,8 @@ def cached_features(backbone: Backbone, paths: Sequence[str], cache_dir: str | N
     raise UserError(f'{cache_dir}: the feature cache folder is read-only and does not hold the {tag} features of '
                     f'{backbone.name}; make it writable or set --config.cache_dir to a writable folder')
   feats = extract_all_hosts(backbone, paths, layers, batch_size, dtype, progress, desc=tag, flip=flip,
-                            loader=loader)
-  if not np.isfinite(feats).all():
+                            loader=loader, image_cache=image_cache)
+  if not device_rows.all_finite(feats):
     raise FloatingPointError(f'{backbone.name}: non-finite features for {tag}; nothing cached')
   if report.is_writer():
     stored = dict(manifest, features_sha256=_checksum(feats))
@@ -231,11 +226,13 @@ def cached_features(backbone: Backbone, paths: Sequence[str], cache_dir: str | N
 
 
 def extract_all_hosts(backbone: Backbone, paths: Sequence[str], layers, batch_size: int, dtype: str,
-                      progress: bool, desc: str, flip: bool, loader=None) -> np.ndarray:
+                      progress: bool, desc: str, flip: bool, loader=None,
+                      image_cache: str | None = None) -> np.ndarray:
   """`extract` with the file list split into one contiguous slice per host, gathered on every host."""
   n_proc = jax.process_count()
   if n_proc == 1:
-    return extract(backbone, paths, layers, batch_size, dtype, progress, desc=desc, flip=flip, loader=loader)
+    return extract(backbone, paths, layers, batch_size, dtype, progress, desc=desc, flip=flip, loader=loader,
+                   image_cache=image_cache)
   from jax.experimental import multihost_utils
   per = -(-len(paths) // n_proc)
   lo = jax.process_index() * per
@@ -244,7 +241,7 @@ def extract_all_hosts(backbone: Backbone, paths: Sequence[str], layers, batch_si
   local = np.zeros((per, dim), np.float32)
   if mine:
     local[:len(mine)] = extract(backbone, mine, layers, batch_size, dtype, progress and report.is_writer(),
-                                desc=desc, flip=flip, loader=loader)
+                                desc=desc, flip=flip, loader=loader, image_cache=image_cache)
   gathered = np.asarray(multihost_utils.process_allgather(local))  # (n_proc, per, dim)
   return gathered.reshape(-1, dim)[:len(paths)]
 
@@ -267,6 +264,8 @@ def add_fields(c):
   c.pooling = 'mean'       # 'mean' (multi-layer, paper 001) | 'rmac' (R-MAC of config.rmac.layer, paper 002)
   from visim_jax import rmac  # pylint: disable=g-import-not-at-top
   c.rmac = ml_collections.ConfigDict(rmac.Options().describe())
+  from visim_jax import precision  # pylint: disable=g-import-not-at-top
+  precision.add_field(c)   # matmul_precision: 'default' | 'high' | 'highest'
   return c
 
 
@@ -276,6 +275,8 @@ def check_fields(config) -> None:
   from visim_jax import checks  # pylint: disable=g-import-not-at-top
   checks.integer(config, 'image_batch_size', 1, 2**16)
   checks.integer(config, 'backbone_kwargs.random_init', -1, checks.SEED_MAX, note=' (-1: off)')
+  from visim_jax import precision  # pylint: disable=g-import-not-at-top
+  precision.check(config)
   if 'rmac' in config:
     checks.integer(config, 'rmac.levels', 1, 16)
     checks.integer(config, 'rmac.max_side', 32, 2**15)

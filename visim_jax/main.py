@@ -46,7 +46,8 @@ def run(config, workdir: str, compile_cache: bool = True):
   workdir = paths.expand_path(workdir)
   module.validate_config(config)  # every field's type and range, before the workdir is touched
   cache_lib.enable(compile_cache)
-  with runtime.workdir_lock(workdir):  # held from the start: a busy workdir is refused before any extraction
+  from visim_jax import precision
+  with runtime.workdir_lock(workdir), precision.context(config):  # config.matmul_precision around the whole run
     return module.run(config, workdir)
 
 

@@ -298,7 +298,8 @@ class Run:
 
   def write_metrics(self, metrics: dict) -> dict:
     """metrics.json (process 0) with the fingerprint it was computed under; returns the dict written."""
-    metrics = {**metrics, 'fingerprint': self.fp.digest}
+    from visim_jax import precision  # pylint: disable=g-import-not-at-top
+    metrics = {**metrics, 'fingerprint': self.fp.digest, 'matmul_precision': precision.in_effect()}
     self._kept = True
     if 'timing_s' in metrics:
       metrics['timing_s'] = compile_cache.report(metrics['timing_s'])

@@ -11,7 +11,6 @@ s16 80, s16 112, s32 192, s32 320), head (s32, 1280). Pooled by default: block2,
 """
 from __future__ import annotations
 
-import ast
 import functools
 import importlib.util
 import os
@@ -174,16 +173,14 @@ def convert_state_dict(sd: dict[str, np.ndarray]) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def imagenet_labels() -> tuple[str, ...]:
-  """The 1,000 ImageNet-1k class names, in index order, from a file that ships inside tensorflow-datasets."""
-  spec = importlib.util.find_spec('tensorflow_datasets')
-  path = os.path.join(list(spec.submodule_search_locations)[0], 'datasets', 'siscore', 'labels.py')
-  tree = ast.parse(open(path).read())
-  for node in tree.body:
-    if isinstance(node, ast.Assign) and getattr(node.targets[0], 'id', '') == 'IMAGENET_LABELS_LIST':
-      labels = tuple(ast.literal_eval(node.value))
-      if len(labels) == 1000:
-        return labels
-  raise RuntimeError(f'{path}: ImageNet label list not found')
+  """The 1,000 ImageNet-1k class names, in index order: visim_jax/paper_data/imagenet_labels.txt, one a line
+  (written once from tensorflow-datasets' siscore/labels.py IMAGENET_LABELS_LIST, the usual WordNet names)."""
+  from importlib import resources  # pylint: disable=g-import-not-at-top
+  text = resources.files('visim_jax.paper_data').joinpath('imagenet_labels.txt').read_text(encoding='utf-8')
+  labels = tuple(text.splitlines())
+  if len(labels) != 1000:
+    raise RuntimeError(f'visim_jax/paper_data/imagenet_labels.txt: {len(labels)} lines, expected 1000')
+  return labels
 
 
 def efficientnet_lite0(weights: str | None = None, random_init: int | None = None,

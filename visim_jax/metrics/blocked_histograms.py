@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from visim_jax import device_rows
 from visim_jax.errors import UserError
 from visim_jax.metrics.bins import NUM_BINS, bin_index
 from visim_jax.metrics.pair_sampling import bucket
@@ -160,7 +161,8 @@ def exact_histograms(x, labels: np.ndarray, num_classes: int, *, bins: int = NUM
                      devices: Sequence[jax.Device] | None = None, progress=None):
   """Exact (intra (R, C, bins), inter (R, C, bins), pair (R, C, C, bins) or None) int64 counts of every pair.
 
-  x: (N, D) L2-normalised features (any layout); labels (N,) in [0, num_classes) or -1 (left out);
+  x: (N, D) L2-normalised features (a jax array, or a NumPy / memory-mapped array: put on the devices by
+  blocks); labels (N,) in [0, num_classes) or -1 (left out);
   weights: (R, N) non-negative integer multiplicities (default: one replicate of ones); devices: the devices to
   split the blocks over (default: all). progress: an optional callable(done_blocks, total_blocks).
   """
@@ -179,7 +181,10 @@ def exact_histograms(x, labels: np.ndarray, num_classes: int, *, bins: int = NUM
   w[:, :len(rows)] = weights[:, rows]
   mesh = Mesh(np.asarray(devices), (AXIS,))
   rep = NamedSharding(mesh, P())
-  xk = jax.device_put(jnp.take(jnp.asarray(x), jnp.asarray(idx), axis=0), rep)
+  if isinstance(x, jax.Array):
+    xk = jax.device_put(jnp.take(x, jnp.asarray(idx), axis=0), rep)
+  else:  # host / memory-mapped features: put block by block, no second full copy on the host
+    xk = device_rows.put_rows(x, n_pad, rep, jax.dtypes.canonicalize_dtype(x.dtype), rows=rows)
   lab_d, w_d = jax.device_put(lab, rep), jax.device_put(w, rep)
 
   ii, jj = np.triu_indices(-(-len(rows) // t))  # blocks of padding rows only are never scheduled

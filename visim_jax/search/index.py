@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from visim_jax import ops
+from visim_jax import device_rows, ops
 from visim_jax import sharding as sharding_lib
 from visim_jax.errors import UserError
 from visim_jax.search import topk
@@ -31,11 +31,14 @@ class Index:
 
 
 def build_index(vectors, block: int = 4096, devices=None, dtype: str = 'float32') -> Index:
-  """Index of (N, D) vectors (normalised here); block is shrunk to the shard size for small N."""
-  vectors = np.asarray(vectors, np.float32)
+  """Index of (N, D) vectors (normalised here); block is shrunk to the shard size for small N. vectors may be a
+  memory-mapped array: they are checked and put on the devices a block of rows at a time (device_rows.put_rows),
+  so the host never holds a second full copy."""
+  if not hasattr(vectors, 'shape'):
+    vectors = np.asarray(vectors, np.float32)
   if vectors.ndim != 2 or len(vectors) == 0:
     raise UserError(f'build_index: expected a non-empty (N, D) array, got shape {vectors.shape}')
-  if not np.isfinite(vectors).all():
+  if not device_rows.all_finite(vectors):
     raise UserError('build_index: NaN/Inf in the vectors')
   if block < 1:
     raise UserError(f'--block: must be >= 1, got {block}')
@@ -46,13 +49,12 @@ def build_index(vectors, block: int = 4096, devices=None, dtype: str = 'float32'
   block = min(block, per)
   n_local = -(-per // block) * block
   total = s * n_local
-  x = np.zeros((total, vectors.shape[1]), np.float32)
-  x[:n] = ops.l2_normalize(vectors)
   valid = np.zeros((total,), bool)
   valid[:n] = True
   split = NamedSharding(mesh, P(topk.AXIS))
-  return Index(jax.device_put(jnp.asarray(x, jnp.dtype(dtype)), split), jax.device_put(valid, split), n, block,
-               mesh)
+  x = device_rows.put_rows(vectors, total, split, jnp.dtype(dtype),
+                           transform=lambda b: ops.l2_normalize(b.astype(jnp.float32)))
+  return Index(x, jax.device_put(valid, split), n, block, mesh)
 
 
 def _query_chunks(queries: np.ndarray, extra: Sequence[np.ndarray], query_block: int):
