@@ -1,6 +1,7 @@
-"""The learn_triplets experiment on tiny synthetic features: learning happens, a killed run resumes identically, 8 fake
-devices give the numbers of 1, every config field is checked, index files of another run train the same head, and
-one end-to-end `:local` through main."""
+"""The learn_triplets experiment on tiny synthetic features: learning happens, a killed run resumes identically, 2
+processes x 4 fake devices give the numbers of 1 device (all three against one shared in-process run), every config
+field is checked, index files of another run train the same head and the leaderboard ranks it, and one end-to-end
+`:local` through main."""
 import json
 import os
 import sys
