@@ -113,38 +113,46 @@ def test_refusals_after_the_data(tmp_path):
     lt.validate_config(tiny(source='files'))
 
 
-WORKER = r"""
-import json, os, sys
-sys.path.insert(0, os.path.join(sys.argv[1], 'tests'))
-import jax
-jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-jax.distributed.initialize(f'localhost:{sys.argv[5]}', int(sys.argv[4]), int(sys.argv[3]))
-from test_learn_triplets import tiny, SHARED
-from visim_jax.experiments import learn_triplets as lt
-m = lt.run(tiny(**SHARED), sys.argv[2], progress=False)
-if jax.process_index() == 0:
-  json.dump({'results': m['results'], 'devices': m['devices'], 'processes': jax.process_count()},
-            open(os.path.join(sys.argv[2], 'out.json'), 'w'))
-"""
+def overrides(c, base, prefix='--config.'):
+  """The --config.<field>=<value> flags that turn `base` into `c` (nested fields by their dotted path)."""
+  out = []
+  for k in c.keys():
+    if hasattr(c[k], 'keys'):
+      out += overrides(c[k], base[k], f'{prefix}{k}.')
+    elif c[k] != base[k]:
+      out.append(f'{prefix}{k}={c[k]}')
+  return out
 
 
-def test_eight_devices_over_two_processes_equal_one(reference, tmp_path):
-  """2 jax.distributed processes x 4 fake CPU devices = a batch axis over 8 devices on 2 hosts (Orbax saving on both)
-  give the numbers of the 1-device in-process run: per-step losses, held-out curves and results."""
+# python -m visim_jax.main with the CPU collectives of several processes (jax.distributed from JAX_* variables)
+CLI = "import sys, jax\njax.config.update('jax_cpu_collectives_implementation', 'gloo')\n" \
+      "sys.argv = ['visim'] + sys.argv[1:]\nfrom visim_jax import main\nmain.run_main()"
+
+
+def test_cli_on_eight_devices_over_two_processes_equals_one(reference, tmp_path):
+  """configs/learn_triplets.py:local through `python -m visim_jax.main` as 2 jax.distributed processes x 4 fake CPU
+  devices (the batch axis over 8 devices of 2 hosts, Orbax saving on both), with the overrides of the in-process
+  1-device reference run: equal per-step losses, held-out curves and results; the plot and the table written."""
   full, wd = reference
-  base = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'TPU_', 'JAX_COORD', 'VISIM_DIST'))}
+  flags = overrides(tiny(**SHARED, plots=True), cfg.get_config('local'))
+  base = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'TPU_', 'JAX_', 'VISIM_DIST'))}
   base.update(JAX_PLATFORMS='cpu', PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''),
-              XLA_FLAGS='--xla_force_host_platform_device_count=4', VISIM_COMPILE_CACHE='0')
+              XLA_FLAGS='--xla_force_host_platform_device_count=4', VISIM_COMPILE_CACHE='0', JAX_NUM_PROCESSES='2')
 
   def jobs(port):
     import shutil
     shutil.rmtree(tmp_path / 'two', ignore_errors=True)
-    return [dict(args=[sys.executable, '-c', WORKER, ROOT, str(tmp_path / 'two'), str(i), '2', str(port)],
-                 env=base, cwd=ROOT) for i in range(2)]
-  for rc, log in subprocs.free_port_run(jobs):
+    return [dict(args=[sys.executable, '-c', CLI, '--config=configs/learn_triplets.py:local',
+                       f'--workdir={tmp_path / "two"}', *flags],
+                 env={**base, 'JAX_COORDINATOR_ADDRESS': f'localhost:{port}', 'JAX_PROCESS_ID': str(i)}, cwd=ROOT)
+            for i in range(2)]
+  results = subprocs.free_port_run(jobs)
+  for rc, log in results:
     assert rc == 0, log[-3000:]
-  got = json.load(open(tmp_path / 'two' / 'out.json'))
-  assert got['devices'] == 8 and got['processes'] == 2
+  assert 'trained' in results[0][1]
+  got = json.load(open(tmp_path / 'two' / 'metrics.json'))
+  assert got['devices'] == 8 and got['hparams'] == full['hparams']
+  assert os.path.isfile(tmp_path / 'two' / 'curves.png')
   a, b = np.load(wd / 'curves.npz'), np.load(tmp_path / 'two' / 'curves.npz')
   for k in a.files:
     np.testing.assert_allclose(b[k], a[k], rtol=2e-5, atol=1e-6, err_msg=k)
@@ -207,21 +215,6 @@ def test_index_files_train_the_same_head(tmp_path, human_demo_sets):
   for m in board['models']:
     assert board['results'][m]['things'], m
   assert f'triplets:{tmp_path / "w"}' in open(tmp_path / 'board' / 'leaderboard.md').read()
-
-
-def test_local_end_to_end(tmp_path):
-  """configs/learn_triplets.py:local through the CLI, made small by overrides (unknown fields: test_errors.py)."""
-  import subprocess
-  r = subprocess.run([sys.executable, '-m', 'visim_jax.main', '--config=configs/learn_triplets.py:local',
-                      f'--workdir={tmp_path / "w"}', '--config.steps=20', '--config.eval_every=10',
-                      '--config.checkpoint_every=20', '--config.warmup=2', '--config.lr=0.1', '--config.triplets.n_train=2000',
-                      '--config.triplets.n_val=500', '--config.synthetic.n_images=128'],
-                     cwd=ROOT, capture_output=True, text=True,
-                     env={**os.environ, 'JAX_PLATFORMS': 'cpu', 'VISIM_COMPILE_CACHE': '0'})
-  assert r.returncode == 0, r.stderr[-3000:]
-  m = json.load(open(tmp_path / 'w' / 'metrics.json'))
-  assert m['results']['trained']['accuracy'] > m['results']['frozen']['accuracy']
-  assert os.path.isfile(tmp_path / 'w' / 'curves.png') and 'trained' in r.stdout + r.stderr
 
 
 def test_human_sources_things_and_nights(tmp_path, human_demo_sets):
