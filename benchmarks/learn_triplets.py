@@ -130,8 +130,8 @@ def compare() -> dict:
           'sizes': {'images': _IMAGES.value, 'dim': _DIM.value, 'emb': _EMB.value, 'batch': hp.batch_size,
                     'steps': hp.steps, 'triplets': _TRIPLETS.value},
           'equal_work': 'per-step losses equal (rtol 1e-4), final weights close (rtol 1e-3)', **stats,
-          'row': interleaved.row('triplet step (gather + affine + JSD + Adam)', stats, 'ours: jitted scan',
-                                 'PyTorch loop', 'triplets')}
+          'rows': [interleaved.row('triplet step (gather + affine + JSD + Adam)', stats, 'ours: jitted scan',
+                                   'PyTorch loop', 'triplets')]}
 
 
 def _rss_mib() -> float:

@@ -35,7 +35,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SCRIPTS = ('extract', 'adapt', 'histograms', 'simnet', 'twoafc', 'extract_clip', 'search', 'leaderboard', 'lpips')
+SCRIPTS = ('extract', 'adapt', 'histograms', 'simnet', 'twoafc', 'extract_clip', 'search', 'leaderboard', 'lpips',
+           'learn_triplets')
 BEGIN, END = '<!-- run_all:begin -->', '<!-- run_all:end -->'
 # the arguments of each script on a CPU: 'full' (the RESULTS.md sizes) and 'small' (minutes in all)
 PRESETS = {
@@ -49,6 +50,7 @@ PRESETS = {
         'search': [],
         'leaderboard': ['--small'],
         'lpips': [],
+        'learn_triplets': ['--mode=compare'],
     },
     'small': {
         'adapt': ['--preset=small'],
@@ -60,6 +62,8 @@ PRESETS = {
         'search': ['--n=20000', '--queries=64'],
         'leaderboard': ['--small'],
         'lpips': [],
+        'learn_triplets': ['--mode=compare', '--images=2000', '--dim=128', '--emb=128', '--batch=128',
+                           '--steps=20', '--triplets=20000'],
     },
 }
 

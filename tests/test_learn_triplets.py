@@ -1,6 +1,7 @@
-"""The learn_triplets experiment on tiny synthetic features: learning happens, a killed run resumes identically, 8 fake
-devices give the numbers of 1, every config field is checked, index files of another run train the same head, and
-one end-to-end `:local` through main."""
+"""The learn_triplets experiment on tiny synthetic features: learning happens, a killed run resumes identically, 2
+processes x 4 fake devices give the numbers of 1 device (all three against one shared in-process run), every config
+field is checked, index files of another run train the same head and the leaderboard ranks it, and one end-to-end
+`:local` through main."""
 import json
 import os
 import sys
@@ -33,33 +34,48 @@ def tiny(**kw):
   return c
 
 
-def test_learns_and_resumes_identically(tmp_path, monkeypatch):
-  full = lt.run(tiny(steps=24, eval_every=8, checkpoint_every=8), str(tmp_path / 'full'), progress=False)
+# one run shared by the learning, the resume and the many-device tests (the same config everywhere)
+SHARED = dict(steps=16, eval_every=8, checkpoint_every=8)
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+  """(metrics, workdir) of one uninterrupted in-process run of tiny(**SHARED) on 1 device."""
+  wd = tmp_path_factory.mktemp('lt') / 'full'
+  return lt.run(tiny(**SHARED), str(wd), progress=False), wd
+
+
+def test_learns(reference):
+  full, wd = reference
   r = full['results']
+  assert full['devices'] == 1
   assert r['trained']['accuracy'] > max(r['frozen']['accuracy'], r['untrained']['accuracy']) + 0.1
   assert r['trained']['loss'] < r['untrained']['loss']
   for f in ('head.npz', 'curves.npz', 'metrics.json', 'fingerprint.json'):
-    assert os.path.isfile(tmp_path / 'full' / f)
-  params, meta = lt.load_head(str(tmp_path / 'full' / 'head.npz'))
+    assert os.path.isfile(wd / f)
+  params, meta = lt.load_head(str(wd / 'head.npz'))
   assert meta['head'] == 'affine' and params['w'].shape == (8, 8)
 
+
+def test_killed_run_resumes_identically(reference, tmp_path, monkeypatch):
+  full, wd = reference
+
   def kill(phase, step, directory):
-    if phase == 'after_save' and step == 16:
+    if phase == 'after_save' and step == 8:
       raise KeyboardInterrupt('simulated kill')
   monkeypatch.setattr(runtime, 'FAULT_HOOK', kill)
   with pytest.raises(KeyboardInterrupt):
-    lt.run(tiny(steps=24, eval_every=8, checkpoint_every=8), str(tmp_path / 'killed'), progress=False)
+    lt.run(tiny(**SHARED), str(tmp_path / 'killed'), progress=False)
   monkeypatch.setattr(runtime, 'FAULT_HOOK', None)
   assert not os.path.exists(tmp_path / 'killed' / 'metrics.json')
-  resumed = lt.run(tiny(steps=24, eval_every=8, checkpoint_every=8), str(tmp_path / 'killed'),
-                   progress=False)
+  resumed = lt.run(tiny(**SHARED), str(tmp_path / 'killed'), progress=False)
   assert resumed['results'] == full['results'] and resumed['fingerprint'] == full['fingerprint']
-  a, b = np.load(tmp_path / 'full' / 'curves.npz'), np.load(tmp_path / 'killed' / 'curves.npz')
+  a, b = np.load(wd / 'curves.npz'), np.load(tmp_path / 'killed' / 'curves.npz')
   for k in a.files:
     np.testing.assert_array_equal(a[k], b[k])
   # a changed field refuses the checkpoints, naming it
   with pytest.raises(UserError, match=r'different config .*config.lr'):
-    lt.run(tiny(steps=24, eval_every=8, checkpoint_every=8, lr=0.05), str(tmp_path / 'killed'), progress=False)
+    lt.run(tiny(**SHARED, lr=0.05), str(tmp_path / 'killed'), progress=False)
 
 
 @pytest.mark.parametrize('field, value, match', [
@@ -97,54 +113,58 @@ def test_refusals_after_the_data(tmp_path):
     lt.validate_config(tiny(source='files'))
 
 
-WORKER = r"""
-import json, os, sys
-sys.path.insert(0, os.path.join(sys.argv[1], 'tests'))
-import jax
-if len(sys.argv) > 3:   # process id, processes, port: one jax.distributed process of several
-  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  jax.distributed.initialize(f'localhost:{sys.argv[5]}', int(sys.argv[4]), int(sys.argv[3]))
-from test_learn_triplets import tiny
-from visim_jax.experiments import learn_triplets as lt
-m = lt.run(tiny(steps=16), sys.argv[2], progress=False)
-if jax.process_index() == 0:
-  json.dump({'results': m['results'], 'devices': m['devices'], 'processes': jax.process_count()},
-            open(os.path.join(sys.argv[2], 'out.json'), 'w'))
-  import numpy as np
-  np.save(os.path.join(sys.argv[2], 'loss.npy'), np.load(os.path.join(sys.argv[2], 'curves.npz'))['loss'])
-"""
+def overrides(c, base, prefix='--config.'):
+  """The --config.<field>=<value> flags that turn `base` into `c` (nested fields by their dotted path)."""
+  out = []
+  for k in c.keys():
+    if hasattr(c[k], 'keys'):
+      out += overrides(c[k], base[k], f'{prefix}{k}.')
+    elif c[k] != base[k]:
+      out.append(f'{prefix}{k}={c[k]}')
+  return out
 
 
-def test_eight_devices_and_two_processes_equal_one(tmp_path):
-  """8 fake devices in one process, and 2 jax.distributed processes x 2 devices (Orbax saving on both), give the
-  numbers of 1 device: per-step losses and held-out results."""
-  base = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'TPU_', 'JAX_COORD', 'VISIM_DIST'))}
-  base.update(JAX_PLATFORMS='cpu', PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
-  flags = lambda n: {**base, 'XLA_FLAGS': f'--xla_force_host_platform_device_count={n}'}
+# python -m visim_jax.main with the CPU collectives of several processes (jax.distributed from JAX_* variables)
+CLI = "import sys, jax\njax.config.update('jax_cpu_collectives_implementation', 'gloo')\n" \
+      "sys.argv = ['visim'] + sys.argv[1:]\nfrom visim_jax import main\nmain.run_main()"
+
+
+def test_cli_on_eight_devices_over_two_processes_equals_one(reference, tmp_path):
+  """configs/learn_triplets.py:local through `python -m visim_jax.main` as 2 jax.distributed processes x 4 fake CPU
+  devices (the batch axis over 8 devices of 2 hosts, Orbax saving on both), with the overrides of the in-process
+  1-device reference run: equal per-step losses, held-out curves and results; the plot and the table written."""
+  full, wd = reference
+  flags = overrides(tiny(**SHARED, plots=True), cfg.get_config('local'))
+  base = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'TPU_', 'JAX_', 'VISIM_DIST'))}
+  base.update(JAX_PLATFORMS='cpu', PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''),
+              XLA_FLAGS='--xla_force_host_platform_device_count=4', VISIM_COMPILE_CACHE='0', JAX_NUM_PROCESSES='2')
 
   def jobs(port):
     import shutil
     shutil.rmtree(tmp_path / 'two', ignore_errors=True)
-    return ([dict(args=[sys.executable, '-c', WORKER, ROOT, str(tmp_path / 'eight')], env=flags(8), cwd=ROOT)] +
-            [dict(args=[sys.executable, '-c', WORKER, ROOT, str(tmp_path / 'two'), str(i), '2', str(port)],
-                  env=flags(2), cwd=ROOT) for i in range(2)])
-  for rc, log in subprocs.free_port_run(jobs):
+    return [dict(args=[sys.executable, '-c', CLI, '--config=configs/learn_triplets.py:local',
+                       f'--workdir={tmp_path / "two"}', *flags],
+                 env={**base, 'JAX_COORDINATOR_ADDRESS': f'localhost:{port}', 'JAX_PROCESS_ID': str(i)}, cwd=ROOT)
+            for i in range(2)]
+  results = subprocs.free_port_run(jobs)
+  for rc, log in results:
     assert rc == 0, log[-3000:]
-  one = lt.run(tiny(steps=16), str(tmp_path / 'one'), progress=False)
-  assert one['devices'] == 1
-  for name, devices, processes in (('eight', 8, 1), ('two', 4, 2)):
-    got = json.load(open(tmp_path / name / 'out.json'))
-    assert got['devices'] == devices and got['processes'] == processes
-    np.testing.assert_allclose(np.load(tmp_path / name / 'loss.npy'),
-                               np.load(tmp_path / 'one' / 'curves.npz')['loss'], rtol=2e-5, atol=1e-6)
-    for k in ('frozen', 'untrained', 'trained'):
-      for m in ('accuracy', 'loss'):
-        np.testing.assert_allclose(got['results'][k][m], one['results'][k][m], rtol=2e-5, atol=1e-6)
+  assert 'trained' in results[0][1]
+  got = json.load(open(tmp_path / 'two' / 'metrics.json'))
+  assert got['devices'] == 8 and got['hparams'] == full['hparams']
+  assert os.path.isfile(tmp_path / 'two' / 'curves.png')
+  a, b = np.load(wd / 'curves.npz'), np.load(tmp_path / 'two' / 'curves.npz')
+  for k in a.files:
+    np.testing.assert_allclose(b[k], a[k], rtol=2e-5, atol=1e-6, err_msg=k)
+  for k in ('frozen', 'untrained', 'trained'):
+    for m in ('accuracy', 'loss'):
+      np.testing.assert_allclose(got['results'][k][m], full['results'][k][m], rtol=2e-5, atol=1e-6)
 
 
-def test_index_files_train_the_same_head(tmp_path):
+def test_index_files_train_the_same_head(tmp_path, human_demo_sets):
   """source=folder: a teacher labels an image folder and writes index files; source=files trains on them (images
-  checked on disk first); the trained head is a model spec."""
+  checked on disk first); the trained head is a model spec that the leaderboard ranks beside its frozen features
+  (the two-command evaluation of docs/learn_triplets.md)."""
   from PIL import Image
   names = []
   for i in range(12):
@@ -180,30 +200,26 @@ def test_index_files_train_the_same_head(tmp_path):
       names[:4], 'raw')
   e = np.asarray(heads.apply(meta['head'], params, raw))
   np.testing.assert_allclose(d, [-(e[0] * e[2]).sum(), -(e[1] * e[3]).sum()], rtol=1e-4, atol=1e-5)
+  # before / after through the leaderboard: configs/benchmark.py with --config.models=cosine:X,triplets:WORKDIR
+  import importlib.util
+  from visim_jax.experiments import benchmark
+  spec = importlib.util.spec_from_file_location('benchmark_config', os.path.join(ROOT, 'configs', 'benchmark.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  b = module.get_config()
+  models = f'cosine:alexnet:tiny,triplets:{tmp_path / "w"}'
+  b.models, b.things_dir, b.things_triplets = models, human_demo_sets.things, human_demo_sets.things_dreamsim
+  b.cache_dir, b.n_boot, b.plots = str(tmp_path / 'cache'), 0, False
+  board = benchmark.run(b, str(tmp_path / 'board'), progress=False)
+  assert board['models'] == models.split(',') and board['protocols'] == ['things']
+  for m in board['models']:
+    assert board['results'][m]['things'], m
+  assert f'triplets:{tmp_path / "w"}' in open(tmp_path / 'board' / 'leaderboard.md').read()
 
 
-def test_local_end_to_end(tmp_path):
-  """configs/learn_triplets.py:local through the CLI (a small override keeps it fast)."""
-  import subprocess
-  r = subprocess.run([sys.executable, '-m', 'visim_jax.main', '--config=configs/learn_triplets.py:local',
-                      f'--workdir={tmp_path / "w"}', '--config.steps=100', '--config.triplets.n_train=4000',
-                      '--config.triplets.n_val=500'],
-                     cwd=ROOT, capture_output=True, text=True,
-                     env={**os.environ, 'JAX_PLATFORMS': 'cpu', 'VISIM_COMPILE_CACHE': '0'})
-  assert r.returncode == 0, r.stderr[-3000:]
-  m = json.load(open(tmp_path / 'w' / 'metrics.json'))
-  assert m['results']['trained']['accuracy'] > m['results']['frozen']['accuracy']
-  assert os.path.isfile(tmp_path / 'w' / 'curves.png')
-  r = subprocess.run([sys.executable, '-m', 'visim_jax.main', '--config=configs/learn_triplets.py:local',
-                      f'--workdir={tmp_path / "x"}', '--config.bogus=1'], cwd=ROOT, capture_output=True, text=True,
-                     env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
-  assert r.returncode == 1 and 'bogus' in r.stderr and not os.path.exists(tmp_path / 'x')
-
-
-def test_human_sources_things_and_nights(tmp_path):
+def test_human_sources_things_and_nights(tmp_path, human_demo_sets):
   """THINGS choices (hard targets) and NIGHTS votes (DreamSim's hinge) from the offline mini sets of human_demo."""
-  from visim_jax.data import human_demo
-  h = human_demo.demo_sets(str(tmp_path / 'demo'))
+  h = human_demo_sets
   base = dict(steps=4, eval_every=4, checkpoint_every=4, batch_size=8, similarity='cosine', checkpoint=False)
   for source, extra in (('things', dict(things_dir=h.things, things_file=h.things_dreamsim, loss='hard')),
                         ('nights', dict(nights_dir=h.nights, loss='hinge'))):

@@ -92,13 +92,22 @@ def test_accuracy_rules():
   np.testing.assert_array_equal(ooo.correct(s, np.full(4, 2)), alig)
 
 
+KINDS = (('adapter', 8), ('embed', 5), ('affine', 7), ('mlp', 3), ('identity', 0))
+
+
 def test_heads_match_loops():
   rng = np.random.RandomState(1)
   x = rng.randn(4, 6).astype(np.float32)
   key = jax.random.PRNGKey(0)
-  for kind, size in (('adapter', 8), ('embed', 5), ('affine', 7), ('mlp', 3), ('identity', 0)):
-    p = jax.tree.map(np.asarray, heads.init(kind, key, 6, size))
-    got = np.asarray(heads.apply(kind, p, x))
+
+  @jax.jit      # every head's init and apply in one compiled program (one compile, not one per op)
+  def every_head(key, x):
+    ps = {kind: heads.init(kind, key, 6, size) for kind, size in KINDS}
+    wide = {kind: heads.init(kind, key, 16, 4) for kind in ('mlp', 'affine', 'embed')}
+    return ps, {kind: heads.apply(kind, ps[kind], x) for kind, _ in KINDS}, wide
+  params, outs, wide = jax.tree.map(np.asarray, every_head(key, x))
+  for kind, size in KINDS:
+    p, got = params[kind], outs[kind]
     want = np.zeros((4, heads.out_dim(kind, 6, size)))
     for n in range(4):
       if kind == 'mlp':
@@ -112,8 +121,8 @@ def test_heads_match_loops():
         want[n] = [max(0.0, v) for v in lin] if kind == 'adapter' else lin
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   # inits: torch Linear bounds for 'mlp' and 'adapter', zero bias for 'affine', orthonormal columns for 'embed'
-  p = heads.init('mlp', key, 16, 4)
+  p = wide['mlp']
   assert np.abs(p['fc1']['w']).max() <= 0.25 and np.abs(p['fc2']['b']).max() <= 0.5
-  assert not np.asarray(heads.init('affine', key, 16, 4)['b']).any()
-  w = np.asarray(heads.init('embed', key, 16, 4)['w'])
+  assert not wide['affine']['b'].any()
+  w = wide['embed']['w']
   np.testing.assert_allclose(w.T @ w, np.eye(4), atol=1e-5)

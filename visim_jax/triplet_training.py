@@ -114,8 +114,10 @@ def chunk(hp: Hparams, state: State, data: Data, rows: jax.Array, batch_sharding
   return jax.lax.scan(step, state, rows)
 
 
+@functools.lru_cache(maxsize=8)
 def chunk_program(hp: Hparams, mesh: Mesh | None = None):
-  """chunk(hp, ...) jitted; with a mesh the batch axis of rows is split over its devices, the rest replicated."""
+  """chunk(hp, ...) jitted; with a mesh the batch axis of rows is split over its devices, the rest replicated.
+  Cached by (hp, mesh): a resumed or repeated run in one process reuses the compiled program."""
   if mesh is None:
     return jax.jit(functools.partial(chunk, hp))
   axis = mesh.axis_names[0]

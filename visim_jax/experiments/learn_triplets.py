@@ -26,6 +26,7 @@ accuracy / loss per evaluation), curves.png, head.npz (the trained head: params 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -230,6 +231,12 @@ def fingerprint(hp: tt.Hparams, eval_every: int, x, train, val) -> runtime.Finge
                              [x, train.triplets, train.target, val.triplets, val.target])
 
 
+@functools.lru_cache(maxsize=8)
+def _init_program(rep):
+  """tt.init_state jitted with replicated outputs (one per sharding: a resumed run in one process reuses it)."""
+  return jax.jit(tt.init_state, static_argnums=(0, 1), out_shardings=rep)
+
+
 def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   validate_config(config)
   hp = hparams_from_config(config)
@@ -267,7 +274,7 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   stream = triplet_stream.Stream(len(train), hp.batch_size, hp.seed)
   n_evals = -(-hp.steps // config.eval_every)
   evaluate = lambda head, params: {k: float(v) for k, v in tt.evaluate(hp, head, params, data.feats, *val_j).items()}
-  init = jax.jit(tt.init_state, static_argnums=(0, 1), out_shardings=rep)
+  init = _init_program(rep)
   frozen, untrained = evaluate('identity', {}), evaluate(hp.head, init(hp, x.shape[1]).params)
   host = lambda: {'loss': np.zeros(hp.steps, np.float32), 'val_accuracy': np.zeros(n_evals, np.float32),
                   'val_loss': np.zeros(n_evals, np.float32), 'val_step': np.zeros(n_evals, np.int32)}
