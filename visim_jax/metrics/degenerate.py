@@ -21,8 +21,6 @@ items or a skewed statistic (JND AP) the resampled quantiles can sit on one side
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from visim_jax.errors import UserError
@@ -37,9 +35,10 @@ def kind(reason: str) -> str:
 
 
 def min_boot(alpha: float = 0.05) -> int:
-  """The fewest resamples of a (1 - alpha) percentile interval: 50, and at least one resample beyond each
-  bound (2 / alpha: 40 at 95 %, 200 at 99 %)."""
-  return max(MIN_BOOT, math.ceil(2.0 / max(float(alpha), 1e-9) - 1e-9))
+  """The fewest resamples of a percentile interval: MIN_BOOT at any level (below 2 / alpha resamples, as at
+  very high levels, the bounds are the extreme resamples)."""
+  del alpha
+  return MIN_BOOT
 
 
 def check_n_boot(n_boot: int, field: str = 'config.n_boot', alpha: float = 0.05) -> int:
