@@ -117,8 +117,7 @@ def pair_distance(params, images0, images1) -> jax.Array:
   product rounded, the other not, ~1e-8 per element and ~1e-16 after squaring and summing. That nonzero
   breaks the exact ties the reference's JND ranking keeps (identical pairs sorted in input order), so
   identical inputs are set to 0 here explicitly."""
-  params = _params(params)
-  d = distance(params, embed(params, images0), embed(params, images1))
+  d = distance(params, embed(params, images0), embed(params, images1))   # params: an LPIPS or its .params
   same = jnp.all(jnp.asarray(images0) == jnp.asarray(images1), axis=tuple(range(1, jnp.ndim(images0))))
   return jnp.where(same, jnp.zeros_like(d), d)
 
