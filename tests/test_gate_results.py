@@ -153,3 +153,11 @@ def test_export_takes_only_adaptation_workdirs(tmp_path):
   with pytest.raises(UserError, match=r'checkpoints: not an adaptation checkpoint'):
     export.from_workdir(_workdir(tmp_path / 'r', {'experiment': 'adapt'}, os.urandom(200)))
   assert not os.path.exists(os.path.join(wd, 'adapter.npz'))
+
+
+def test_classify_says_which_model_and_what_the_numbers_are(photos, lite0):
+  from visim_jax import classify
+  out = classify.classify(lite0, [os.path.join(photos, '0.png')], top=2)
+  assert out['backbone'] == 'efficientnet_lite0' and out['weights_sha256'] == lite0.weights_id
+  assert 'softmax probability' in out['p'] and len(out['images'][0]['classes']) == 2
+  assert sum(c['p'] for c in out['images'][0]['classes']) <= 1.0
