@@ -134,8 +134,8 @@ def loop_interval(scores_of_items, idx, score, alpha=0.05):
 
 def test_bootstrap_interval_contains_the_estimate_and_is_the_loops_percentile():
   rng = np.random.RandomState(4)
-  for n in (3, 7):
-    for seed in range(12):
+  for n in (5,):                                                  # one size: one compilation per statistic
+    for seed in range(8):
       d0, d1 = rng.rand(2, n)
       j = rng.choice([0.0, 0.25, 1.0], n)
       r = human.twoafc_interval(d0, d1, j, n_resamples=50, seed=seed)
