@@ -151,7 +151,10 @@ def fake_lpips(monkeypatch):
 
   def distance(params, f0, f1):
     return sum(jnp.mean(jnp.sum(params['w'] * (a - b) ** 2, -1), axis=(1, 2)) for a, b in zip(f0, f1))
-  mod.load_lpips, mod.embed, mod.distance = load_lpips, embed, distance
+  def pair_distance(params, u0, u1):   # identical images: exactly 0, as lpips.pair_distance
+    same = jnp.all(u0 == u1, axis=(1, 2, 3))
+    return jnp.where(same, 0.0, distance(params, embed(params, u0), embed(params, u1)))
+  mod.load_lpips, mod.embed, mod.distance, mod.pair_distance = load_lpips, embed, distance, pair_distance
   monkeypatch.setitem(sys.modules, 'visim_jax.lpips', mod)
   import visim_jax
   monkeypatch.setattr(visim_jax, 'lpips', mod, raising=False)   # `from visim_jax import lpips` reads the attribute

@@ -77,7 +77,7 @@ def test_stand_in_features_on_real_annotations_are_chance_everywhere(tmp_path):
 
 
 def test_end_to_end_synthetic_and_kill_resume(tmp_path, monkeypatch):
-  c = _config(annotations='synthetic', n_boot=20)
+  c = _config(annotations='synthetic', n_boot=50)
   c.ensemble.sweep = False
   m = main_lib.run(c, str(tmp_path / 'clean'))
   assert m['annotations']['synthetic'] and m['annotations']['files']['mulref_val.txt']['header']

@@ -4,7 +4,8 @@
   python -m visim_jax.classify photos/ --out=classes.json     # every image of a folder; results as JSON too
   python -m visim_jax.classify --demo                          # the packaged photos (chelsea, coffee, ...)
 
-An image that cannot be decoded is skipped and listed (on the console and in --out's `skipped`); --strict
+The console says which model answered (backbone and weights) and that the numbers are softmax probabilities
+over the 1000 ImageNet classes. An image that cannot be decoded is skipped and listed (on the console and in --out's `skipped`); --strict
 aborts on it instead. User errors end with one line `error: <file or flag>: <what to do>`, exit status 1.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from visim_jax import errors
 from visim_jax.data import images as images_lib
 from visim_jax.errors import UserError
 
@@ -38,6 +40,8 @@ def classify(backbone, paths: Sequence[str], top: int = 5, demo: bool = False, s
   from visim_jax.backbones import get_backbone
   if top < 1:
     raise UserError(f'--top: must be >= 1, got {top}')
+  if batch_size < 1:
+    raise UserError(f'--batch_size: must be >= 1, got {batch_size}')
   files = []
   for p in paths:
     files.extend(images_lib.list_images(p) if os.path.isdir(p) else [p])
@@ -46,7 +50,9 @@ def classify(backbone, paths: Sequence[str], top: int = 5, demo: bool = False, s
   missing = [p for p in files if not os.path.isfile(p)]
   if strict and missing:  # before loading the backbone
     raise images_lib.ImageError(f'{missing[0]}: image file not found')
-  backbone = get_backbone(backbone) if isinstance(backbone, str) else backbone
+  if isinstance(backbone, str):
+    with errors.as_flags({'config.backbone': '--backbone'}):
+      backbone = get_backbone(backbone)
   items, skipped = [], []
   if demo:
     from visim_jax.data import demo as demo_lib
@@ -65,7 +71,9 @@ def classify(backbone, paths: Sequence[str], top: int = 5, demo: bool = False, s
     chunk = items[start:start + batch_size]
     for (name, _), classes in zip(chunk, top_classes(backbone, [a for _, a in chunk], top)):
       results.append({'image': name, 'classes': [{'label': l, 'p': p} for l, p in classes]})
-  return {'backbone': backbone.name, 'weights_sha256': backbone.weights_id, 'images': results,
+  return {'backbone': backbone.name, 'weights_sha256': backbone.weights_id,
+          'p': 'softmax probability of the class (the classifier head over its 1000 ImageNet classes)',
+          'images': results,
           'skipped': {'count': len(skipped), 'images': skipped}}
 
 
@@ -73,13 +81,15 @@ def main(argv):
   from absl import flags
   from visim_jax import report
   f = flags.FLAGS
-  out = classify(f.backbone, argv[1:], f.top, f.demo, f.strict)
+  out = classify(f.backbone, argv[1:], f.top, f.demo, f.strict, f.batch_size)
   if f.out:
     try:
       report.write_json(f.out, out)
     except OSError as e:
       from visim_jax import runtime
       raise runtime.os_error(e, f.out, 'writing --out') from e
+  print(f"{out['backbone']} (weights {str(out['weights_sha256'])[:12]}): top {f.top} ImageNet classes per image, "
+        'p = softmax probability')
   for r in out['images']:
     print(os.path.basename(r['image']))
     for c in r['classes']:
@@ -94,6 +104,7 @@ def _define_flags():  # only when run as a program: importing classify defines n
   from absl import flags
   flags.DEFINE_string('backbone', 'efficientnet_lite0', 'A backbone with an ImageNet-1k classifier.')
   flags.DEFINE_integer('top', 5, 'How many classes per image.')
+  flags.DEFINE_integer('batch_size', 32, 'Images per forward pass.')
   flags.DEFINE_bool('demo', False, 'Classify the photos packaged with scikit-image / scikit-learn.')
   flags.DEFINE_bool('strict', False, 'Abort on the first image that cannot be decoded (default: skip and list it).')
   flags.DEFINE_string('out', None, 'Also write the results (and skipped images) as JSON to this file.')

@@ -16,6 +16,7 @@ and status 130. Without --verbosity, absl / Orbax / JAX INFO logging is off (war
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
@@ -35,6 +36,20 @@ _OS_ADVICE = {errno.ENOSPC: 'the disk is full: free some space and rerun',
               errno.ENOTDIR: 'a part of the path is a file, not a folder: check the path',
               errno.EISDIR: 'a folder where a file is expected: check the path',
               errno.EEXIST: 'a file is in the way: remove it or choose another path'}
+
+
+@contextlib.contextmanager
+def as_flags(names: dict):
+  """Within the block, a user error that names a config field (`config.backbone: ...`) is re-raised naming
+  the command-line flag the user typed instead (names = {'config.backbone': '--backbone', ...})."""
+  try:
+    yield
+  except ValueError as e:
+    msg = str(e)
+    for field, flag in names.items():
+      if msg.startswith(field + ':') and is_user_error(e):
+        raise UserError(flag + msg[len(field):]) from None
+    raise
 
 
 def is_user_error(e: BaseException) -> bool:

@@ -12,8 +12,10 @@ adaptation.adapt: the vectors whose cosine similarity the experiment ranks with.
 
   python -m visim_jax.export --workdir=W [--run=0] [--out=W/adapter.npz]
 
-converts the latest checkpoint of an adaptation workdir written before the experiment saved adapter.npz
-itself (meta from W/metrics.json and the backbone named there). User errors (no workdir, no checkpoint, a
+converts the latest checkpoint of an adaptation workdir (configs/adapt.py, paper 001) written before the
+experiment saved adapter.npz itself (meta from W/metrics.json and the backbone named there). Any other
+workdir (nights_adapt, which writes its own adapter.npz; benchmark, simnet, twoafc, ...) or a checkpoint that
+is not an adaptation's is refused in one line saying what export takes. User errors (no workdir, no checkpoint, a
 run out of range) end with one line `error: <path or flag>: <what to do>` and exit status 1.
 """
 from __future__ import annotations
@@ -181,26 +183,41 @@ def from_workdir(workdir: str, run: int = 0, out: str | None = None, sigma: int 
   meta = {k: None for k in META_KEYS}
   if os.path.exists(metrics_path):
     try:
-      with open(metrics_path) as f:
+      with open(metrics_path, encoding='utf-8') as f:
         m = json.load(f)
-    except ValueError as e:
+    except (ValueError, UnicodeDecodeError) as e:
       raise UserError(f'{metrics_path}: unreadable ({e}); move it away to convert without its meta') from None
+    if not isinstance(m, dict):
+      raise UserError(f'{metrics_path}: not a run\'s metrics (a JSON object expected); move it away to convert '
+                      'without its meta')
+    if m.get('experiment', 'adapt') != 'adapt':
+      own = (f'; it wrote {os.path.join(workdir, "adapter.npz")} itself' if m['experiment'] == 'nights_adapt'
+             else '')
+      raise UserError(f'--workdir: {workdir}: a {m["experiment"]} workdir{own}; export takes the workdir of an '
+                      'adaptation run (configs/adapt.py, paper 001) with checkpoints/')
     meta.update({k: m.get(k) for k in ('backbone', 'layers', 'weights_sha256')})
     meta['source'] = {'workdir': os.path.abspath(workdir), 'dataset': m.get('dataset'), 'run': run}
     if meta['backbone']:
       from visim_jax.backbones import get_backbone
       meta['preprocessing'] = get_backbone(meta['backbone']).preprocess.describe()
-  with ocp.CheckpointManager(ckpt) as mngr:
-    step = mngr.latest_step()
-    if step is None:
-      raise UserError(f'{ckpt}: no finished checkpoint (the run was stopped before its first save)')
-    saved = mngr.restore(step, args=ocp.args.StandardRestore())
-  state = saved['state']
-  params = state['params'] if isinstance(state, Mapping) else state[0]
+  try:
+    with ocp.CheckpointManager(ckpt) as mngr:
+      step = mngr.latest_step()
+      if step is None:
+        raise UserError(f'{ckpt}: no finished checkpoint (the run was stopped before its first save)')
+      saved = mngr.restore(step, args=ocp.args.StandardRestore())
+    state = saved['state']
+    params = state['params'] if isinstance(state, Mapping) else state[0]
+    arrays = run_arrays({'params': params, 'pcas': saved['pca']}, run, sigma)
+  except UserError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (Orbax errors of a bad file, another run's layout)
+    raise UserError(f'{ckpt}: not an adaptation checkpoint ({type(e).__name__}: {" ".join(str(e).split())[:160]}); '
+                    'export takes the workdir of an adaptation run (configs/adapt.py, paper 001)') from None
   meta['source'] = {**(meta.get('source') or {}), 'epoch': int(step)}
   out = out or os.path.join(workdir, 'adapter.npz')
   try:
-    return save_adapter(out, **run_arrays({'params': params, 'pcas': saved['pca']}, run, sigma), meta=meta)
+    return save_adapter(out, **arrays, meta=meta)
   except OSError as e:
     from visim_jax import runtime
     raise runtime.os_error(e, out, 'writing the adapter') from e

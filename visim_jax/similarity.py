@@ -107,9 +107,18 @@ def parse(spec: str) -> tuple[str, str, str]:
   if not sep or kind not in KINDS:
     raise _bad(spec, f'expected <kind>:<target> with kind one of {", ".join(KINDS)} '
                      '(e.g. cosine:dinov2_b14, adapter:workdirs/tll, lpips:alex)')
-  target, _, option = rest.partition('@')
+  target, at, option = rest.partition('@')
   if not target:
     raise _bad(spec, f'nothing after {kind}:')
+  if at and not option:
+    raise _bad(spec, 'nothing after @ (drop it, or name the layers: @block2+block5)')
+  if kind == 'cosine' and option:
+    layers = option.split('+')
+    if '' in layers:
+      raise _bad(spec, "an empty layer name in @...: layers are joined by single '+' (e.g. @block2+block5)")
+    dup = sorted({l for l in layers if layers.count(l) > 1})
+    if dup:
+      raise _bad(spec, f'layer {dup[0]!r} is listed twice')
   if kind == 'lpips' and (target.partition(':')[0] not in LPIPS_NETS or target.partition(':')[2] not in ('', 'tiny')
                           or option):
     raise _bad(spec, f'LPIPS nets are {", ".join("lpips:" + n for n in LPIPS_NETS)} (+ ":tiny": random weights)')
@@ -159,7 +168,7 @@ def _pooled_featurizer(backbone, layers, opts: Options, transform=None):
 def _backbone_from(spec: str, name: str, layers=None, weights_sha256: str | None = None, tiny: bool = False):
   """(backbone, layers) for a registry name; the weights must be the ones a trained head was fitted on."""
   from visim_jax.backbones import registry
-  if name not in registry.list_backbones():
+  if not isinstance(name, str) or name not in registry.list_backbones():
     raise _bad(spec, f'unknown backbone {name!r}; `python -m visim_jax.main --list_backbones` lists them')
   kwargs = {'tiny': True} if tiny else {}
   w = str(weights_sha256 or '')
@@ -213,7 +222,10 @@ def _adapter(spec, target, option, opts):
   if not os.path.isfile(path):
     raise _bad(spec, f'{path}: no adapter.npz (an adaptation workdir, or `python -m visim_jax.export '
                      '--workdir=W` to write one from its checkpoints)')
-  ad = export.load_adapter(path)
+  try:
+    ad = export.load_adapter(path)
+  except UserError as e:
+    raise _bad(spec, str(e)) from None
   meta = ad.meta
   if not meta.get('backbone'):
     raise _bad(spec, f'{path}: the adapter was trained on a features file (meta.backbone is empty): it cannot '
@@ -231,10 +243,25 @@ def _read_metrics(spec: str, workdir: str) -> dict:
   if not os.path.isfile(path):
     raise _bad(spec, f'{path}: not found (give a finished run\'s workdir)')
   try:
-    with open(path) as f:
-      return json.load(f)
-  except ValueError as e:
-    raise _bad(spec, f'{path}: unreadable ({e})') from None
+    with open(path, encoding='utf-8') as f:
+      m = json.load(f)
+  except (ValueError, UnicodeDecodeError) as e:
+    raise _bad(spec, f'{path}: unreadable ({" ".join(str(e).split())[:120]})') from None
+  if not isinstance(m, dict):
+    raise _bad(spec, f'{path}: not a run\'s metrics (a JSON object expected, got {type(m).__name__})')
+  return m
+
+
+def _restored(spec: str, what: str, fn):
+  """fn() reading a trained model's files; a missing, truncated or mismatched file ends as one line naming
+  the spec and `what` (the folder), never a traceback."""
+  try:
+    return fn()
+  except UserError as e:
+    raise _bad(spec, str(e)) from None
+  except Exception as e:  # pylint: disable=broad-except  (Orbax / tensorstore / shape errors of a bad file)
+    raise _bad(spec, f'{what}: cannot be restored ({type(e).__name__}: {" ".join(str(e).split())[:160]}); '
+                     'give the workdir of a finished run') from None
 
 
 def _simnet(spec, target, option, opts):
@@ -252,7 +279,10 @@ def _simnet(spec, target, option, opts):
     raise _bad(spec, f'{target}: SimNet on PCA-reduced or R-MAC vectors is not supported here (the run keeps no '
                      'PCA); train with pca_dim=0 and pooling=mean')
   backbone, layers = _backbone_from(spec, m['backbone'], m.get('layers'), m.get('weights_sha256'))
-  params = jax.tree.map(jnp.asarray, runtime.latest_params(os.path.join(target, 'checkpoints')))
+  ckpt = os.path.join(target, 'checkpoints')
+  params = jax.tree.map(jnp.asarray, _restored(spec, ckpt, lambda: runtime.latest_params(ckpt)))
+  if not isinstance(params, dict) or not jax.tree.leaves(params):
+    raise _bad(spec, f'{ckpt}: holds no SimNet parameters')
   normalize = bool(cfg.get('normalize', True))
   transform = ops.l2_normalize if normalize else None
   ident = {**_backbone_identity(backbone, layers), 'simnet_workdir': os.path.abspath(target),
@@ -275,25 +305,30 @@ def _context(spec, target, option, opts):
   m = _read_metrics(spec, target)
   if m.get('experiment') != 'twoafc':
     raise _bad(spec, f'{target}: not a CoSIS 2AFC (paper 004) workdir')
-  feat = m.get('features', {})
+  feat, cm = m.get('features'), m.get('context_models')
+  if not isinstance(feat, dict) or not isinstance(cm, dict) or not all(
+      k in cm for k in ('models', 'contexts', 'hparams')) or 'dim' not in feat:
+    raise _bad(spec, f'{target}/metrics.json: not a finished CoSIS run (features / context_models missing)')
   if feat.get('kind') != 'images':
     raise _bad(spec, f'{target}: its models were trained on {feat.get("kind")} features, not on a backbone\'s: '
                      'they cannot describe images (train with config.image_dir)')
-  cm = m['context_models']
-  models, names = cm['models'], cm['contexts']
+  models, names = list(cm['models']), list(cm['contexts'])
   choice = option or ('global' if 'global' in models else 'mean')
   if choice != 'mean' and choice not in models:
-    raise _bad(spec, f'no model {choice!r} in {target}; known: {", ".join(models)}, mean')
-  backbone, layers = _backbone_from(spec, feat['backbone'], feat.get('layers'), feat.get('weights_sha256'))
-  hp = cs.Hparams(**{k: v for k, v in cm['hparams'].items() if k in cs.Hparams.__dataclass_fields__})
-  template = {'state': jax.device_get(cs.init_state(hp, int(feat['dim']), len(models))),
-              'loss': np.zeros((len(models), hp.steps), np.float32)}
+    raise _bad(spec, f'no model {choice!r} in {target}; known: {", ".join(map(str, models))}, mean')
+  backbone, layers = _backbone_from(spec, feat.get('backbone'), feat.get('layers'), feat.get('weights_sha256'))
   ckpt = os.path.join(os.path.abspath(target), 'checkpoints')
-  with ocp.CheckpointManager(ckpt, options=ocp.CheckpointManagerOptions(read_only=True)) as mngr:
-    step = mngr.latest_step()
-    if step is None:
-      raise _bad(spec, f'{ckpt}: no checkpoint')
-    state = mngr.restore(step, args=ocp.args.StandardRestore(template))['state']
+
+  def restore():
+    hp = cs.Hparams(**{k: v for k, v in cm['hparams'].items() if k in cs.Hparams.__dataclass_fields__})
+    template = {'state': jax.device_get(cs.init_state(hp, int(feat['dim']), len(models))),
+                'loss': np.zeros((len(models), hp.steps), np.float32)}
+    with ocp.CheckpointManager(ckpt, options=ocp.CheckpointManagerOptions(read_only=True)) as mngr:
+      step = mngr.latest_step()
+      if step is None:
+        raise UserError(f'{ckpt}: no checkpoint')
+      return mngr.restore(step, args=ocp.args.StandardRestore(template))['state']
+  state = _restored(spec, ckpt, restore)
   w = np.asarray(state.params['embed']['w'])      # (K, D, E)
   rows = list(range(len(names))) if choice == 'mean' else [models.index(choice)]
   params = {'w': jnp.asarray(w[rows])}
@@ -338,7 +373,7 @@ def _lpips(spec, target, option, opts):
   net_id = getattr(model, 'weights_id', None) or target
 
   def distance(params, u0, u1):   # uint8 images (embed divides by 255: its [0, 1] input, then LPIPS's scaling)
-    return lpips.distance(params, lpips.embed(params, u0), lpips.embed(params, u1))
+    return lpips.pair_distance(params, u0, u1)   # identical images: exactly 0, as the reference
 
   def featurize(paths, tag, pre):
     if pre is None:

@@ -28,6 +28,7 @@ from visim_jax import checks, leaderboard, ops, report, runtime
 from visim_jax import similarity as sim_lib
 from visim_jax.errors import UserError
 from visim_jax.experiments import benchmark_tasks as tasks_lib
+from visim_jax.metrics import degenerate
 
 SCORE_FIELDS = ('n_boot', 'ci_level', 'seed')
 PROTOCOL_FIELDS = {'nights': ('nights_min_votes',), 'things': ('things_ties',), 'tll': ('ks',), 'classes': ('ks',)}
@@ -43,6 +44,7 @@ def validate_config(config) -> list[str]:
   specs = sim_lib.split_specs(config.models)
   checks.integer(config, 'n_boot', 0, 100_000, note=' (0: no intervals)')
   checks.fraction(config, 'ci_level')
+  degenerate.check_n_boot(config.n_boot, 'config.n_boot', 1 - config.ci_level)
   checks.integer(config, 'pair_batch_size', 1, 1 << 20)
   checks.integer(config, 'image_batch_size', 1, 1 << 16)
   checks.integer(config, 'lpips_size', 0, 4096, note=' (0: the native size)')

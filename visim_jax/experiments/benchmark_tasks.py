@@ -104,23 +104,16 @@ def odd_one_out_task(subset: str, s) -> Task:
   return Task('things', subset, paths, [rows, np.asarray(s.odd)], score)
 
 
-def _mean(x):
-  return jnp.mean(x)
-
-
 def tll_task(pairs) -> Task:
   """aR@k over every pair: sim = -distance(left_i, right_j) (pessimistic ties, metrics/retrieval.py)."""
   n = len(pairs)
   paths = list(pairs.left) + list(pairs.right)
 
   def score(sim, feats, opts):
-    from visim_jax.metrics import human, retrieval
+    from visim_jax.metrics import retrieval
     left = sim_lib.take_rows(feats, np.arange(n))
     right = sim_lib.take_rows(feats, np.arange(n, 2 * n))
-    s = -sim_lib.distance_matrix(sim, left, right)
-    r_lr, r_rl = (np.asarray(r) for r in retrieval.partner_ranks(jnp.asarray(s)))
-    best = np.minimum(r_lr, r_rl)
-    return {f'aR@{k}': human.interval(_mean, (best <= k).astype(np.float32), **_ci(opts)) for k in opts.ks}
+    return retrieval.asymmetric_recall_intervals(-sim_lib.distance_matrix(sim, left, right), opts.ks, **_ci(opts))
   return Task('tll', 'aR@k', paths, [np.asarray([n])], score)
 
 
@@ -136,8 +129,8 @@ def cosis_task(subset: str, t, paths_of: dict) -> Task:
     db = _pairs(sim, feats, ref, b, opts, f'{subset} d(R, B)')
     scores = np.asarray(twoafc.score(-jnp.asarray(da), -jnp.asarray(db), jnp.asarray(t.a_closer)))
     sm = twoafc.summary(scores, t.ref, opts.n_boot, opts.alpha, opts.seed)
-    return {subset: {'score': sm['accuracy'], 'ci_low': sm['ci_low'], 'ci_high': sm['ci_high'],
-                     'n': sm['n_triplets']}}
+    cell = {'score': sm['accuracy'], 'ci_low': sm['ci_low'], 'ci_high': sm['ci_high'], 'n': sm['n_triplets']}
+    return {subset: {**cell, **({'degenerate': sm['degenerate']} if 'degenerate' in sm else {})}}
   return Task('cosis', subset, paths, [ref, a, b, t.a_closer], score)
 
 
@@ -145,12 +138,9 @@ def classes_task(data) -> Task:
   labels = np.unique(np.asarray(data.labels), return_inverse=True)[1].astype(np.int32)
 
   def score(sim, feats, opts):
-    from visim_jax.metrics import human, map as map_lib
+    from visim_jax.metrics import map as map_lib
     s = -sim_lib.distance_matrix(sim, feats, feats)
-    pos, junk = map_lib.label_masks(labels, labels, np.arange(len(labels)))
-    ap = np.asarray(map_lib.summarise(s, pos, junk, opts.ks)['ap'], np.float32)
-    ap = ap[np.isfinite(ap)]                       # queries whose class has no other image are left out
-    return {'mAP': human.interval(_mean, ap, **_ci(opts))}
+    return {'mAP': map_lib.leave_one_out_interval(s, labels, opts.ks, **_ci(opts))}
   return Task('classes', 'mAP', list(data.paths), [labels], score)
 
 

@@ -26,6 +26,7 @@ from visim_jax import checks, export, human_loss, ops, pca, report, runtime
 from visim_jax import features as features_lib
 from visim_jax.data import human_demo, nights
 from visim_jax.errors import UserError
+from visim_jax.metrics import degenerate
 from visim_jax.metrics import human as human_metrics
 
 DATASETS = ('nights', 'demo')
@@ -58,6 +59,7 @@ def validate_config(config) -> None:
   checks.number(config, 'margin', 0, 2, note=' (a margin between distances)')
   checks.number(config, 'weight_decay', 0, 1)
   checks.integer(config, 'n_boot', 0, 10**6, note=' (0: no intervals)')
+  degenerate.check_n_boot(config.n_boot, 'config.n_boot')
   checks.seed(config)
   checks.seed(config, 'demo.seed')
   features_lib.check_fields(config)

@@ -26,7 +26,7 @@ from visim_jax import features as features_lib
 from visim_jax import triplets as cs
 from visim_jax.data import triplets as tdata
 from visim_jax.errors import UserError
-from visim_jax.metrics import twoafc
+from visim_jax.metrics import degenerate, twoafc
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED_COSIS = os.path.join(REPO, '..', 'shared', 'data', 'cosis')
@@ -61,6 +61,7 @@ def validate_config(config) -> None:
   checks.number(config, 'ensemble.mlp_alpha', 0, 1e3)
   checks.integer(config, 'n_boot', 0, 10**6, note=' (0: no intervals)')
   checks.fraction(config, 'ci_level')
+  degenerate.check_n_boot(config.n_boot, 'config.n_boot', 1 - config.ci_level)
   checks.seed(config)
   features_lib.check_fields(config)
 

@@ -8,6 +8,8 @@ Symbols (paper Sec. 3.1, 3.3, 9.2; the docs' fidelity table, docs/histograms.md,
 * p+(b|y), p-(b|y): the fraction of the intra pairs (two distinct samples of class y, Eq. 1) and of the inter
   pairs (a sample of y with a sample of another class, Eq. 1) whose similarity falls in bin b; bins b are 100
   equal bins on [-1, 1] (metrics/bins.py).
+* degenerate: every similarity in one bin (identical or blank features): `evaluate` adds {'degenerate': reason}
+  (metrics/degenerate.py), the overlap of 1 it implies says nothing about the representation.
 * N: the number of evaluated classes (those with >= min_class_size samples and at least one pair of each kind).
 * overlap (Eq. 3): O = 1/N sum_y sum_b min(p+(b|y), p-(b|y)); per class O_y = sum_b min(p+(b|y), p-(b|y)).
 * aSTD (Eq. 4, as printed): p(b) = 1/N sum_y p(b|y) (the class-averaged distribution), MEAN(b) the bin centre,
@@ -36,6 +38,7 @@ import numpy as np
 from visim_jax import ops
 from visim_jax.errors import UserError
 from visim_jax.metrics import blocked_histograms as blocked
+from visim_jax.metrics import degenerate
 from visim_jax.metrics import pair_sampling as sampling
 from visim_jax.metrics.bins import NUM_BINS, bin_centers
 
@@ -308,6 +311,9 @@ def evaluate(x: jax.Array, labels: np.ndarray, num_classes: int, opts: Options =
   m.update(hist_intra=h_in[0], hist_inter=h_out[0], valid=valid[0], omitted_classes=omitted,
            class_counts=class_counts, estimator=estimator, replicates=replicates, pairwise=pairwise,
            intra_pairs=int(h_in[0].sum()), inter_pairs=int(h_out[0].sum()))
+  why = degenerate.histograms(h_in[0], h_out[0])
+  if why:   # e.g. identical features: overlap 1 for any representation (metrics/degenerate.py)
+    m['degenerate'] = why
   return m
 
 

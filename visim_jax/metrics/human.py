@@ -21,7 +21,12 @@ Inputs are DISTANCES (a model's dissimilarity: smaller = more alike), as in the 
                                  as closest when its distance is <= both others (a tie is right); 'lt' needs it
                                  strictly smaller; 'split' gives 1/k when k pairs tie at the minimum.
   bootstrap(stat, arrays, key)   stat over n_resamples resamples (with replacement) of the items, vmapped;
-  interval(...)                  -> {score, ci_low, ci_high, n}: the percentile (1 - alpha) interval.
+  interval(...)                  -> {score, ci_low, ci_high, n}: the percentile (1 - alpha) interval, refused
+                                 below metrics/degenerate.py's min_boot (0: none) and widened to contain the
+                                 estimate. twoafc_ / jnd_ / odd_one_out_interval first pass the inputs through
+                                 the degenerate guard (metrics/degenerate.py): non-finite or all-tied distances,
+                                 or labels that make every model score the same, give {score: NaN, ...,
+                                 degenerate: <reason>} instead of a number.
 """
 from __future__ import annotations
 
@@ -31,6 +36,8 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from visim_jax.metrics import degenerate
 
 TIES = ('le', 'lt', 'split')
 
@@ -108,24 +115,34 @@ def bootstrap(stat: Callable, arrays: Sequence, key: jax.Array, n_resamples: int
 
 def interval(stat: Callable, *arrays, n_resamples: int = 1000, alpha: float = 0.05, seed: int = 0) -> dict:
   """{score, ci_low, ci_high, n}: stat on all items and its percentile (1 - alpha) bootstrap interval
-  (n_resamples=0: no interval, NaN bounds). NaN resamples (e.g. JND AP with no 'same' pair) are ignored."""
+  (n_resamples=0: no interval, NaN bounds; 0 < n_resamples < degenerate.min_boot(alpha) is refused), widened
+  to contain the score. NaN resamples (e.g. JND AP with no 'same' pair) are ignored; a score that is not
+  finite is reported as degenerate."""
+  n_resamples = int(n_resamples)
+  if n_resamples and n_resamples < degenerate.min_boot(alpha):
+    raise ValueError(f'n_resamples={n_resamples}: use 0 (no interval) or >= {degenerate.min_boot(alpha)}')
   score = float(stat(*(jnp.asarray(a) for a in arrays)))
   n = int(np.asarray(arrays[0]).shape[0])
+  why = degenerate.estimate(score)
+  if why:
+    return degenerate.result(why, n)
   lo = hi = float('nan')
   if n_resamples > 0 and n > 0:
-    boot = np.asarray(bootstrap(stat, tuple(arrays), jax.random.PRNGKey(seed), int(n_resamples)))
+    boot = np.asarray(bootstrap(stat, tuple(arrays), jax.random.PRNGKey(seed), n_resamples))
     boot = boot[np.isfinite(boot)]
     if boot.size:
-      lo, hi = (float(v) for v in np.quantile(boot, [alpha / 2, 1 - alpha / 2]))
+      lo, hi = degenerate.contain(score, *(float(v) for v in np.quantile(boot, [alpha / 2, 1 - alpha / 2])))
   return {'score': score, 'ci_low': lo, 'ci_high': hi, 'n': n}
 
 
 def twoafc_interval(d0, d1, judge, **kw) -> dict:
-  return interval(twoafc_score, d0, d1, judge, **kw)
+  why = degenerate.twoafc(d0, d1, judge)
+  return degenerate.result(why, np.size(d0)) if why else interval(twoafc_score, d0, d1, judge, **kw)
 
 
 def jnd_interval(d, same, **kw) -> dict:
-  return interval(jnd_ap, d, same, **kw)
+  why = degenerate.jnd(d, same)
+  return degenerate.result(why, np.size(d)) if why else interval(jnd_ap, d, same, **kw)
 
 
 def _ooo_le(d, odd):
@@ -146,4 +163,19 @@ _OOO = {'le': _ooo_le, 'lt': _ooo_lt, 'split': _ooo_split}
 def odd_one_out_interval(d, odd, ties: str = 'le', **kw) -> dict:
   if ties not in TIES:
     raise ValueError(f'ties: expected one of {TIES}, got {ties!r}')
-  return interval(_OOO[ties], d, odd, **kw)
+  why = degenerate.odd_one_out(d)
+  return degenerate.result(why, len(np.asarray(d))) if why else interval(_OOO[ties], d, odd, **kw)
+
+
+def _mean(x):
+  return jnp.mean(x)
+
+
+def recall_interval(ranks, k: int, **kw) -> dict:
+  """aR@k (or R@k) from 1-based partner ranks (metrics/retrieval.py), a bootstrap over the pairs."""
+  return interval(_mean, (np.asarray(ranks) <= k).astype(np.float32), **kw)
+
+
+def mean_interval(values, **kw) -> dict:
+  """The mean of per-item values (e.g. per-query AP), a bootstrap over the items."""
+  return interval(_mean, np.asarray(values, np.float32), **kw)

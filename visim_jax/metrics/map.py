@@ -179,3 +179,17 @@ def label_masks(query_labels, db_labels, query_ids=None) -> tuple[np.ndarray, np
     junk[rows, ids[rows]] = True
     pos[rows, ids[rows]] = False
   return pos, junk
+
+
+def leave_one_out_interval(scores, labels, ks: Sequence[int] = (1, 5, 10), **ci) -> dict:
+  """mAP of a labelled set searched against itself (same label = relevant, the query itself ignored), a
+  bootstrap over the queries with another image of their class (human.interval's ci options); a one-class set
+  or a degenerate score matrix gives a degenerate cell (metrics/degenerate.py)."""
+  from visim_jax.metrics import degenerate, human
+  labels = np.asarray(labels)
+  why = degenerate.labels(labels) or degenerate.matrix(scores)
+  if why:
+    return degenerate.result(why, len(labels))
+  pos, junk = label_masks(labels, labels, np.arange(len(labels)))
+  ap = np.asarray(summarise(scores, pos, junk, ks)['ap'], np.float32)
+  return human.mean_interval(ap[np.isfinite(ap)], **ci)    # queries alone in their class are left out

@@ -17,8 +17,10 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from visim_jax import ops
+from visim_jax.metrics import degenerate
 
 
 def cosine_matrix(a: jax.Array, b: jax.Array, eps: float = 1e-12) -> jax.Array:
@@ -51,3 +53,17 @@ def recall(sim: jax.Array, ks: Sequence[int]) -> jax.Array:
 def asymmetric_recall_features(left: jax.Array, right: jax.Array, ks: Sequence[int]) -> jax.Array:
   """aR@k of cosine similarity between two (N, D) feature sets whose rows are partners."""
   return asymmetric_recall(cosine_matrix(left, right), ks)
+
+
+def asymmetric_recall_intervals(sim, ks: Sequence[int], **ci) -> dict:
+  """{'aR@k': {score, ci_low, ci_high, n}} for each k, a bootstrap over the pairs (the candidate set fixed;
+  ci = human.interval's n_resamples / alpha / seed); a degenerate matrix (NaN/Inf, every entry equal) gives
+  degenerate cells (metrics/degenerate.py)."""
+  from visim_jax.metrics import human
+  sim = np.asarray(sim)
+  why = degenerate.matrix(sim)
+  if why:
+    return {f'aR@{k}': degenerate.result(why, sim.shape[0]) for k in ks}
+  r_lr, r_rl = (np.asarray(r) for r in partner_ranks(jnp.asarray(sim)))
+  best = np.minimum(r_lr, r_rl)
+  return {f'aR@{k}': human.recall_interval(best, k, **ci) for k in ks}

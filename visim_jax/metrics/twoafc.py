@@ -7,7 +7,10 @@ answer given; a constant similarity scores 50 %, never 100 %).
   accuracy          mean score over the T triples
   per reference     mean score over the triples sharing a reference image (the paper's per-reference
                     accuracy, the input of the credibility maps / MLP weights), with the triple counts
-  bootstrap CI      percentile interval of the accuracy over `n_boot` resamples. By default the
+  degenerate        every triple tied (a constant similarity) or a NaN score: {accuracy: NaN, ...,
+                    degenerate: <reason>} (metrics/degenerate.py), never a number
+  bootstrap CI      percentile interval of the accuracy over `n_boot` resamples (0: none; refused below
+                    degenerate.min_boot), widened to contain the accuracy. By default the
                     *references* are resampled (a cluster bootstrap: the triples of one reference are not
                     independent); unit='triplet' resamples triples.
 
@@ -25,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax.metrics import degenerate
 from visim_jax.ops import l2_normalize
 
 
@@ -129,7 +133,9 @@ def _boot_groups(key, scores, groups, n_groups: int, n_boot: int):
 
 def bootstrap_ci(scores, groups=None, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0,
                  unit: str = 'reference') -> tuple[float, float]:
-  """Percentile (1 - alpha) interval of the mean score. unit='reference' resamples groups (needs groups)."""
+  """Percentile (1 - alpha) interval of the mean score (containing it). unit='reference' resamples groups
+  (needs groups)."""
+  _check_n_boot(n_boot, alpha)
   scores = jnp.asarray(scores, jnp.float32)
   key = jax.random.PRNGKey(seed)
   if unit == 'triplet' or groups is None:
@@ -140,7 +146,12 @@ def bootstrap_ci(scores, groups=None, n_boot: int = 1000, alpha: float = 0.05, s
   else:
     raise ValueError(f"bootstrap unit must be 'reference' or 'triplet', got {unit!r}")
   lo, hi = np.quantile(np.asarray(boot), [alpha / 2, 1 - alpha / 2])
-  return float(lo), float(hi)
+  return degenerate.contain(float(scores.mean()), float(lo), float(hi))
+
+
+def _check_n_boot(n_boot: int, alpha: float) -> None:
+  if int(n_boot) and int(n_boot) < degenerate.min_boot(alpha):
+    raise ValueError(f'n_boot={n_boot}: use 0 (no interval) or >= {degenerate.min_boot(alpha)}')
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4))
@@ -151,8 +162,11 @@ def _boot_groups_many(key, scores, groups, n_groups: int, n_boot: int):
 def summaries(scores, refs, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0, unit: str = 'references') -> list:
   """summary() of M score vectors over the same triples at once, (M, T) -> M dicts (one compiled program).
 
-  Every vector is resampled with the same cluster draws (seed), like M separate summary() calls.
+  Every vector is resampled with the same cluster draws (seed), like M separate summary() calls. A degenerate
+  vector (every triple tied, NaN scores) gets accuracy NaN and `degenerate: <reason>`; intervals contain the
+  accuracy.
   """
+  _check_n_boot(n_boot, alpha)
   scores = np.asarray(scores, np.float32)
   uniq, groups = group_ids(refs)
   per_ref, _ = per_group_mean(scores, jnp.asarray(groups), len(uniq))
@@ -163,10 +177,19 @@ def summaries(scores, refs, n_boot: int = 1000, alpha: float = 0.05, seed: int =
   else:
     lo = hi = np.full(len(scores), np.nan)
   per_ref = np.asarray(per_ref).mean(-1)
-  return [{'accuracy': float(x.mean()), 'n_triplets': int(x.size), 'n_references': int(len(uniq)),
-           'per_reference_mean': float(per_ref[i]), 'ci_low': float(lo[i]), 'ci_high': float(hi[i]),
-           'ci': f'{100 * (1 - alpha):g}% percentile bootstrap over {unit} ({n_boot} resamples)'}
-          for i, x in enumerate(scores)]
+  out = []
+  for i, x in enumerate(scores):
+    acc = float(x.mean())
+    low, high = degenerate.contain(acc, float(lo[i]), float(hi[i]))
+    d = {'accuracy': acc, 'n_triplets': int(x.size), 'n_references': int(len(uniq)),
+         'per_reference_mean': float(per_ref[i]), 'ci_low': low, 'ci_high': high,
+         'ci': f'{100 * (1 - alpha):g}% percentile bootstrap over {unit} ({n_boot} resamples)'}
+    why = degenerate.twoafc_scores(x)
+    if why:
+      d.update(accuracy=float('nan'), per_reference_mean=float('nan'), ci_low=float('nan'), ci_high=float('nan'),
+               degenerate=why)
+    out.append(d)
+  return out
 
 
 def summary(scores, refs, n_boot: int = 1000, alpha: float = 0.05, seed: int = 0, unit: str = 'references') -> dict:

@@ -19,13 +19,14 @@ from typing import Sequence
 
 import numpy as np
 
-from visim_jax import export, ops, report, runtime
+from visim_jax import errors, export, ops, report, runtime
 from visim_jax.data import images as images_lib
 from visim_jax.errors import UserError
 from visim_jax.search import index as index_lib
 from visim_jax.search import sheets
 
 FORMATS = ('png', 'html')
+FLAGS = {'config.backbone': '--backbone', 'config.layers': '--layers', 'config.batch_size': '--batch_size'}
 
 
 def cache_dir_of(value: str | None) -> str | None:
@@ -90,16 +91,33 @@ def _expand_queries(items: Sequence[str]) -> list[str]:
   return out
 
 
-def _check_args(folder, query, k, formats):
+def _check_args(folder, query, k, formats, **counts):
+  """Every flag's range, before anything is read (errors name the flag as typed)."""
   if not os.path.isdir(folder):
     raise UserError(f'--folder: {folder}: not a folder (give the folder of images to index)')
   if not query:
     raise UserError("--query: give image files / folders, or 'all'")
-  if k < 1:
-    raise UserError(f'--k: must be >= 1, got {k}')
+  for flag, value in (('k', k), *counts.items()):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+      raise UserError(f'--{flag}: must be >= 1, got {value!r}')
   bad = [f for f in formats if f not in FORMATS]
   if bad:
     raise UserError(f'--format: unknown {bad} (known: {", ".join(FORMATS)})')
+
+
+def check_vectors(vectors: np.ndarray, source: str) -> None:
+  """The vectors searched must rank something: finite, and not all in one direction (then every score ties
+  and the order would be the file order: an adapter with W = 0, or a folder of identical images)."""
+  vectors = np.asarray(vectors, np.float32)
+  bad = int((~np.isfinite(vectors).all(axis=1)).sum())
+  if bad:
+    raise UserError(f'{source}: {bad} of {len(vectors)} vectors hold NaN/Inf (an adapter with huge weights?); '
+                    'nothing can be ranked')
+  unit = ops.l2_normalize(vectors)
+  if len(unit) > 1 and np.all(unit == unit[0]):
+    what = 'the zero vector' if not unit[0].any() else 'one direction'
+    raise UserError(f'{source}: every image maps to {what}, so every score ties and nothing can be ranked '
+                    '(an adapter with W = 0? identical images?)')
 
 
 def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone: str | None = None,
@@ -114,17 +132,18 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
   folder, adapter, out, cache_dir = (paths.expand_path(v) for v in (folder, adapter, out, cache_dir))
   t0 = time.time()
   query = [query] if isinstance(query, str) else list(query or [])
-  _check_args(folder, query, k, formats)
+  _check_args(folder, query, k, formats, batch_size=batch_size, block=block, query_block=query_block,
+              sheet_queries=sheet_queries, sheet_k=sheet_k)
   all_mode = query == ['all']
   query_files = None if all_mode else _expand_queries(query)  # a missing query fails before any extraction
   ad = export.load_adapter(adapter) if adapter else None
-  bb = get_backbone(backbone or (ad.meta.get('backbone') if ad else None) or 'efficientnet_lite0')
+  name = backbone or (ad.meta.get('backbone') if ad else None) or 'efficientnet_lite0'
+  with errors.as_flags(FLAGS if backbone or not ad else {'config.backbone': f'{adapter}: meta.backbone'}):
+    bb = get_backbone(name)
   layer_list = (tuple(l.strip() for l in layers.split(',') if l.strip()) if layers
                 else tuple(ad.meta['layers']) if ad and ad.meta.get('layers') else bb.layers)
-  try:
+  with errors.as_flags(FLAGS):
     bb.layer_dims(layer_list)  # unknown layer names fail before any extraction
-  except UserError as e:
-    raise UserError(str(e).replace('config.layers', '--layers')) from None
   if ad is not None:
     export.check_backbone(ad, bb, layer_list, adapter)
   outputs = output_files(out, formats)
@@ -169,6 +188,8 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
     index_vecs, query_vecs = (np.asarray(export.apply_adapter(ad, f)) for f in (index_feats, query_feats))
   else:
     index_vecs, query_vecs = index_feats, query_feats
+  source = f'--adapter: {adapter}' if ad is not None else f'--folder: {folder}'
+  check_vectors(index_vecs if all_mode and not pairs_mode else np.concatenate([index_vecs, query_vecs]), source)
   index = index_lib.build_index(index_vecs, block=block, dtype=index_dtype)
   kk = min(k, index.n - (1 if exclude is not None else 0))
   if kk < 1:
@@ -235,11 +256,19 @@ def _write(outputs, summary, scores, idx, index_names, query_paths, ranks, forma
 
 
 def _print(summary, ranks, sheet_queries, out):
-  shown = min(summary['k'], 3)
-  header = ['query'] + ['1st', '2nd', '3rd'][:shown] + (['partner rank'] if ranks is not None else [])
-  table = [[os.path.basename(q['query'])] + [f'{r["name"]} ({r["score"]:.3f})' for r in q['results'][:shown]]
-           + ([q['partner_rank']] if ranks is not None else []) for q in (summary['queries'] or [])[:sheet_queries]]
-  print(report.table(table, header))
+  """Every result of the first `sheet_queries` queries (one row each: rank, match, cosine score)."""
+  queries = summary['queries'] or []
+  table = []
+  for q in queries[:sheet_queries]:
+    for r in q['results']:
+      first = r['rank'] == 1
+      table.append([os.path.basename(q['query']) if first else '', r['rank'], r['name'], f'{r["score"]:.3f}']
+                   + ([q['partner_rank'] if first else ''] if ranks is not None else []))
+  print(report.table(table, ['query', 'rank', 'look-alike', 'score'] + (['partner rank'] if ranks is not None
+                                                                        else [])))
+  if len(queries) > sheet_queries:
+    print(f'(the first {sheet_queries} of {len(queries)} queries; every query\'s {summary["k"]} results are in '
+          'results.json; --sheet_queries shows more)')
   if ranks is not None:
     m = summary['metrics']
     print(report.table([[f'{m["mean_rank"]:.2f}', m['median_rank'], m['mrr'], m['recall@1'], m['recall@5'],
