@@ -47,6 +47,7 @@ def run(config, workdir: str, compile_cache: bool = True):
   module.validate_config(config)  # every field's type and range, before the workdir is touched
   cache_lib.enable(compile_cache)
   with runtime.workdir_lock(workdir):  # held from the start: a busy workdir is refused before any extraction
+    runtime.check_experiment(workdir, experiment)  # another experiment's workdir: refused, nothing read or written
     return module.run(config, workdir)
 
 
