@@ -29,6 +29,7 @@ from visim_jax.data import pairs as pairs_lib
 from visim_jax.errors import UserError
 
 DATASETS = ('tll', 'demo', 'features')
+DATA_PATHS = {'tll': (('data_dir', 'dir'), ('subset', 'file')), 'demo': (), 'features': (('features', 'file'),)}
 
 
 def hparams_from_config(config) -> train.Hparams:
@@ -71,6 +72,7 @@ def validate_config(config) -> None:
                       '--config.features=FEATS.npz)', config.data_dir)
   if config.dataset == 'features' and not config.features:
     raise checks.fail('features', 'an .npz path is required for dataset=features', config.features)
+  checks.data_source(config, DATA_PATHS)
 
 
 def check_sizes(hp: train.Hparams, n: int, dim: int, ks) -> None:

@@ -44,6 +44,11 @@ def validate_config(config) -> H.Options:
   need(config.dataset != 'tfds' or config.tfds.name, 'tfds.name', 'a TFDS dataset name is required for dataset=tfds')
   need(config.class_tree in ('', 'demo') or os.path.exists(config.class_tree), 'class_tree',
        f'{config.class_tree}: class tree file not found')
+  checks.data_source(config, {'folder': (('data_dir', 'dir'),), 'features': (('features', 'file'),)})
+  if config.normalization == 'source':
+    checks.input_path(config, 'source_stats')
+  else:
+    checks.unused(config, ['source_stats'], f"with normalization={config.normalization!r}")
   checks.integer(config, 'bins', 1, 10**6)
   checks.integer(config, 'min_class_size', 2, 10**9)
   checks.integer(config, 'se_replicates', 0, 10**4)

@@ -61,6 +61,7 @@ def validate_config(config) -> None:
   checks.seed(config)
   checks.seed(config, 'demo.seed')
   features_lib.check_fields(config)
+  checks.data_source(config, {'nights': (('nights_dir', 'dir'),), 'demo': ()})
 
 
 def load_sets(config) -> tuple[dict, str]:

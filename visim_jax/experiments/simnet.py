@@ -27,6 +27,8 @@ from visim_jax.errors import UserError
 from visim_jax.experiments import simnet_data, simnet_run
 
 MODES = ('warmup', 'classes', 'pairs')
+DATA_PATHS = {'tll': (('data_dir', 'dir'), ('subset', 'file')), 'folder': (('data_dir', 'dir'),), 'demo': (),
+              'features': (('features', 'file'),)}
 DATASETS = {'warmup': ('random',), 'classes': ('demo', 'folder', 'features'), 'pairs': ('tll', 'demo', 'features')}
 NOT_FINGERPRINTED = ('plots', 'checkpoint', 'checkpoint_every', 'log_every', 'q_tile', 'd_tile', 'score_dtype',
                      'retrieval', 'ks')
@@ -121,6 +123,12 @@ def validate_config(config) -> None:
       raise checks.fail('data_dir', f'a folder is required for dataset={config.dataset}', config.data_dir)
     if config.dataset == 'features' and not config.features:
       raise checks.fail('features', 'an .npz path is required for dataset=features', config.features)
+  checks.data_source(config, DATA_PATHS)
+  for f in ('retrieval.gt', 'retrieval.features'):
+    checks.input_path(config, f, 'dir' if os.path.isdir(checks.get(config, f)) else 'file')
+  for root in str(config.retrieval.roots).split(','):
+    if root.strip() and not os.path.isdir(root.strip()):
+      raise UserError(f'config.retrieval.roots: {root.strip()}: folder not found')
   if config.get('require_retrieval', False) and not (config.retrieval.roots or config.retrieval.gt):
     raise UserError('config.retrieval.roots: configs/simnet_oxford.py evaluates Oxford/Paris and none is given: '
                     'pass --config.retrieval.roots=DIR[,DIR] (revisitop layout: DIR/jpg/*.jpg + DIR/gnd_NAME.pkl) '

@@ -38,6 +38,10 @@ def validate_config(config) -> None:
   is touched."""
   if config.features and config.image_dir:
     raise checks.fail('image_dir', 'set config.features or config.image_dir, not both', config.image_dir)
+  checks.input_path(config, 'features')
+  checks.input_path(config, 'image_dir', 'dir')
+  if config.annotations != 'synthetic':
+    checks.input_path(config, 'annotations', 'dir')
   checks.integer(config, 'stand_in_dim', 2, 2**16)
   checks.choice(config, 'model.split', tdata.SPLITS)
   checks.fraction(config, 'model.train_fraction')
