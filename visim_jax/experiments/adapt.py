@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from visim_jax import compile_cache, features as features_lib
-from visim_jax import checks, collapse, runtime, sharding, train
+from visim_jax import checks, collapse, memory, runtime, sharding, train
 from visim_jax.data import npz
 from visim_jax.data import pairs as pairs_lib
 from visim_jax.errors import UserError
@@ -117,19 +117,13 @@ def memory_bytes(hp: train.Hparams, n: int, dim: int, views: int = 2) -> dict[st
 def check_memory(hp: train.Hparams, n: int, dim: int) -> None:
   """Refuses (nothing run) a config whose training memory (memory_bytes, a lower bound) exceeds 90% of the
   device's (or the host's, on CPU) memory, naming the field furthest above its usual value (Hparams defaults)."""
-  from visim_jax.metrics.blocked_histograms import memory_limit_bytes
-  parts = memory_bytes(hp, n, dim)
-  total, limit = sum(parts.values()), memory_limit_bytes()
-  if total <= 0.9 * limit:
-    return
   usual = train.Hparams()
   growth = {'runs': hp.runs / usual.runs, 'epochs': hp.epochs / usual.epochs, 'adapt_dim': hp.adapt_dim /
             usual.adapt_dim, 'sigmas': len(hp.sigmas) / 2}
-  field = max(growth, key=growth.get)
-  detail = ', '.join(f'{k} {v / 2**30:.3g} GiB' for k, v in parts.items())
-  raise UserError(f'config.{field}: this run needs at least {total / 2**30:,.1f} GiB ({detail}; runs={hp.runs}, '
-                  f'{len(hp.sigmas)} sigma(s), epochs={hp.epochs}, pca_dim={hp.pca_dim}, adapt_dim={hp.adapt_dim}, '
-                  f'{n} pairs), more than 90% of the {limit / 2**30:.1f} GiB available; lower config.{field}')
+  fields = [f'config.{f}' for f in sorted(growth, key=growth.get, reverse=True)]
+  memory.check(memory_bytes(hp, n, dim), fields,
+               f'runs={hp.runs}, {len(hp.sigmas)} sigma(s), epochs={hp.epochs}, pca_dim={hp.pca_dim}, '
+               f'adapt_dim={hp.adapt_dim}, {n} pairs')
 
 
 def load_features(config, hp: train.Hparams, ks, progress: bool = True):

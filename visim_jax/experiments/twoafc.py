@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import checks, ensembles, report, runtime
+from visim_jax import checks, ensembles, memory, report, runtime
 from visim_jax import features as features_lib
 from visim_jax import triplets as cs
 from visim_jax.data import triplets as tdata
@@ -121,6 +121,20 @@ def model_hparams(config) -> cs.Hparams:
   return cs.Hparams(**{f: config.model[f] for f in fields}, seed=config.seed)
 
 
+def check_memory(config, k: int, n: int, dim: int) -> None:
+  """The K context models' training memory (bytes, a lower bound) against the device's, before allocating:
+  parameters with Adam's moments and the gradient (the orthogonal init's QR as large), each step's embeddings of
+  a batch of triplets, the loss history on host, the features."""
+  m, f32 = config.model, memory.F32
+  params = dim * m.embed_dim + 3 * m.embed_dim * max(m.hidden, 1) + m.hidden
+  parts = {'parameters': 5 * k * params * f32, 'activations': 3 * k * m.batch_size * 3 * m.embed_dim * f32,
+           'loss history': 2 * k * m.steps * f32, 'features': n * dim * f32}
+  memory.check(parts, ['config.model.embed_dim', 'config.model.hidden', 'config.model.batch_size',
+                       'config.model.steps'],
+               f'{k} models, embed_dim={m.embed_dim}, hidden={m.hidden}, batch_size={m.batch_size}, '
+               f'steps={m.steps}, {n} images of {dim} features')
+
+
 def train_models(run_: runtime.Run, config, feats, train_sets: cs.Batch, names) -> tuple:
   """K models through the runtime (Orbax chunks, resume): (params (K, ...), loss (K, steps))."""
   hp = model_hparams(config)
@@ -171,6 +185,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   train_sets = cs.pad_sets(train_parts)
   fields = {'model': m.to_dict(), 'seed': config.seed, 'features': feat_desc, 'models': models}
   fp = runtime.fingerprint(fields, [feats] + [np.asarray(x) for x in train_sets])
+  check_memory(config, len(models), *feats.shape)
   with runtime.Run(workdir, config, fp, progress=progress, desc='context models') as run_:
     params, loss = train_models(run_, config, feats, train_sets, models)
     return evaluate(config, workdir, run_, folder, sets, feats, table, feat_desc, synthetic, splits, models, params,
