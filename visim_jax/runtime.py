@@ -42,7 +42,6 @@ import os
 import shutil
 from typing import Any, Callable, Mapping, Sequence
 
-import jax
 import numpy as np
 from absl import logging
 

@@ -63,7 +63,7 @@ def validate_config(config) -> None:
   checks.integer(config, 'sheet_queries', 0, 1000)
   for f in ('flip', 'pca_whiten', 'checkpoint', 'plots'):
     checks.flag(config, f)
-  features_lib.check_fields(config)
+  features_lib.options(config)  # the backbone fields parsed (checked) once here too
   if 'demo' in config:
     checks.integer(config, 'demo.n_pairs', 8, 100_000)
     checks.seed(config, 'demo.seed')
@@ -149,11 +149,12 @@ def load_features(config, hp: train.Hparams, ks, progress: bool = True):
     return train.Features(left, right, *flips), names, None, desc
 
   pairs, root = pairs_lib.from_config(config)
-  backbone, layers = features_lib.build(config)
+  fo = features_lib.options(config)
+  backbone, layers = features_lib.build(fo)
   check_sizes(hp, len(pairs), sum(backbone.layer_dims(layers).values()), ks)
   runtime.say(f'{len(pairs)} pairs from {root}; features: {backbone.name} ({",".join(layers)})')
   get = lambda paths, tag, flip=False: features_lib.features_of(
-      config, backbone, layers, paths, pairs.names, tag, flip, progress)
+      fo, backbone, layers, paths, pairs.names, tag, flip, progress)
   left, right = get(pairs.left, 'left'), get(pairs.right, 'right')
   flips = (get(pairs.left, 'left', True), get(pairs.right, 'right', True)) if config.flip else (None, None)
   pairs_lib.check_feature_pairs(left, right, pairs.names, source=f'{config.backbone} features of {root}')

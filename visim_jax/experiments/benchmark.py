@@ -108,7 +108,7 @@ def with_demo(config):
     return config
   from visim_jax import features
   from visim_jax.data import human_demo
-  d = human_demo.demo_sets(config.demo.root or None, config.demo.seed, features.cache_dir(config))
+  d = human_demo.demo_sets(config.demo.root or None, config.demo.seed, features.cache_dir(config.cache_dir))
   config = config.copy_and_resolve_references()
   with config.unlocked():
     if not config.nights_dir:
@@ -127,7 +127,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   t0 = time.time()
   protocols = tasks_lib.protocols(config)           # every file checked, nothing decoded
   from visim_jax import features
-  opts = sim_lib.Options(features.check_cache_dir(config), config.image_batch_size, config.dtype, progress)
+  opts = sim_lib.Options(features.check_cache_dir(config.cache_dir), config.image_batch_size, config.dtype, progress)
   models = {s: sim_lib.build(s, opts) for s in specs}   # weights and files read now: a bad entry fails here
   ops.check_writable_dir(workdir, 'workdir')
   decode_pass.check([p for ts in protocols.values() for t in ts for p in t.paths], opts.cache_dir)

@@ -64,7 +64,7 @@ def validate_config(config) -> H.Options:
   checks.integer(config, 'tree_min_children', 2, 10**6)
   checks.integer(config, 'tfds.max_examples', 0, note=' (0: the whole split)')
   checks.seed(config)
-  features_lib.check_fields(config)
+  features_lib.options(config)  # the backbone fields parsed (checked) once here too
   checks.integer(config, 'demo.n_pairs', 8, 100_000)
   checks.seed(config, 'demo.seed')
   for f in ('shard', 'plots'):
@@ -83,21 +83,22 @@ def load_data(config, progress: bool = True):
   if config.dataset == 'features':
     feats, labels, names = classes_lib.load_feature_file(config.features)
     return feats, labels, names, {'features': os.path.abspath(config.features)}
-  backbone, layers = features_lib.build(config)
+  fo = features_lib.options(config)
+  backbone, layers = features_lib.build(fo)
   desc = features_lib.describe(backbone, layers)
   if config.dataset == 'tfds':
     t = config.tfds
     data = classes_lib.TfdsImages(t.name, t.split, t.data_dir or None, t.image_key, t.label_key, t.max_examples)
-    feats = features_lib.features_of(config, backbone, layers, data.items, tag=data.tag, progress=progress,
+    feats = features_lib.features_of(fo, backbone, layers, data.items, tag=data.tag, progress=progress,
                                      loader=data.load_batch, source_id=data.source_id)
-    return feats, data.labels(features_lib.cache_dir(config)), data.class_names, dict(desc, **data.source_id)
+    return feats, data.labels(fo.cache_dir), data.class_names, dict(desc, **data.source_id)
   if config.dataset == 'demo':
     data, tag = classes_lib.demo_labelled(config.demo.root or None, config.demo.n_pairs, config.demo.seed,
                                           config.get('cache_dir') or None), 'demo-classes'
   else:
     data = classes_lib.image_folder(config.data_dir)
     tag = 'classes-' + os.path.basename(os.path.normpath(config.data_dir))
-  feats = features_lib.features_of(config, backbone, layers, data.paths, tag=tag, progress=progress)
+  feats = features_lib.features_of(fo, backbone, layers, data.paths, tag=tag, progress=progress)
   root = os.path.abspath(config.data_dir) if config.dataset == 'folder' else os.path.dirname(data.paths[0])
   return feats, data.labels, data.class_names, dict(desc, images=len(data.paths), root=root,
                                                     empty_class_folders=data.empty_classes)

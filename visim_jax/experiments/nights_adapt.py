@@ -60,7 +60,7 @@ def validate_config(config) -> None:
   checks.integer(config, 'n_boot', 0, 10**6, note=' (0: no intervals)')
   checks.seed(config)
   checks.seed(config, 'demo.seed')
-  features_lib.check_fields(config)
+  features_lib.options(config)  # the backbone fields parsed (checked) once here too
   checks.data_source(config, {'nights': (('nights_dir', 'dir'),), 'demo': ()})
 
 
@@ -111,12 +111,13 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   hp = hparams_from_config(config)
   t0 = time.time()
   sets, root = load_sets(config)
-  backbone, layers = features_lib.build(config)
+  fo = features_lib.options(config)
+  backbone, layers = features_lib.build(fo)
   paths = list(dict.fromkeys(p for s in sets.values() for p in s.paths()))
   check_memory(hp, len(paths), sum(backbone.layer_dims(layers).values()), int(config.pca_dim))  # before allocating
   runtime.say(f'NIGHTS {root}: ' + ', '.join(f'{k} {len(v)}' for k, v in sets.items()) +
               f' triplets, {len(paths)} images; features: {backbone.name} ({",".join(layers)})')
-  feats = np.asarray(features_lib.features_of(config, backbone, layers, paths, tag='nights', progress=progress),
+  feats = np.asarray(features_lib.features_of(fo, backbone, layers, paths, tag='nights', progress=progress),
                      np.float32)
   index = {p: i for i, p in enumerate(paths)}
   split = {k: _split(v, index) for k, v in sets.items()}

@@ -111,7 +111,7 @@ def validate_config(config) -> None:
   checks.seed(config)
   for f in ('normalize', 'decay_biases', 'checkpoint', 'plots'):
     checks.flag(config, f)
-  features_lib.check_fields(config)
+  features_lib.options(config)  # the backbone fields parsed (checked) once here too
   checks.integer(config, 'demo.n_pairs', 8, 100_000)
   checks.seed(config, 'demo.seed')
   if config.mode == 'warmup':

@@ -66,7 +66,7 @@ def validate_config(config) -> None:
   checks.integer(config, 'n_boot', 0, 10**6, note=' (0: no intervals)')
   checks.fraction(config, 'ci_level')
   checks.seed(config)
-  features_lib.check_fields(config)
+  features_lib.options(config)  # the backbone fields parsed (checked) once here too
 
 
 def annotations_dir(config, workdir: str) -> tuple[str, bool]:
@@ -101,8 +101,9 @@ def load_features(config, sets, folder: str, synthetic: bool, progress: bool = T
     names = tdata.read_filename_dict(os.path.join(folder, 'filename_dict.txt'))
     paths = tdata.resolve_images(all_triplets(sets), names, config.image_dir)  # every file checked first
     from visim_jax import features
-    backbone, layers = features.build(config)
-    feats = features.features_of(config, backbone, layers, [paths[k] for k in keys], keys, 'cosis', progress=progress)
+    fo = features.options(config)
+    backbone, layers = features.build(fo)
+    feats = features.features_of(fo, backbone, layers, [paths[k] for k in keys], keys, 'cosis', progress=progress)
     return feats, {k: i for i, k in enumerate(keys)}, {
         'kind': 'images', 'image_dir': os.path.abspath(config.image_dir), 'backbone': backbone.name,
         'weights_sha256': backbone.weights_id, 'layers': list(layers), 'dim': int(feats.shape[1])}
