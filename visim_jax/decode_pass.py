@@ -8,7 +8,6 @@ mtime, so the same unchanged images are not decoded twice; a changed file change
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 from typing import Sequence
 
@@ -16,14 +15,11 @@ from visim_jax import ops
 
 
 def _key(paths: Sequence[str]) -> str:
-  h = hashlib.sha256()
-  for p in paths:
-    try:
-      st = os.stat(p)
-      h.update(f'{os.path.abspath(p)}\0{st.st_size}\0{st.st_mtime_ns}\n'.encode())
-    except OSError:
-      return ''  # a missing file: no key, the decode names it
-  return h.hexdigest()
+  from visim_jax.features import file_list_hash  # the feature cache's own key of a file list (one copy)
+  try:
+    return file_list_hash(paths)
+  except OSError:
+    return ''  # a missing file: no key, the decode names it
 
 
 def check(paths: Sequence[str], cache_dir: str | None = None) -> None:

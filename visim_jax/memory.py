@@ -12,11 +12,17 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from visim_jax.errors import UserError
-from visim_jax.metrics.blocked_histograms import memory_limit_bytes as limit_bytes  # noqa: F401 (one copy)
+from visim_jax.metrics import blocked_histograms
 
 GiB = 2**30
 FRACTION = 0.9
 F32 = 4
+
+
+def limit_bytes() -> int:
+  """Memory of one device (the accelerator's limit, else the host's physical memory): one copy, looked up at call
+  time (tests set it)."""
+  return blocked_histograms.memory_limit_bytes()
 
 
 def gib(n: float) -> str:

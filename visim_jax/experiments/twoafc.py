@@ -1,7 +1,7 @@
 """The CoSIS 2AFC experiment (paper 004) end to end: annotations -> features -> CS models -> ensembles -> report.
 
 Annotations (config.annotations): a CoSIS folder; '' = ../shared/data/cosis beside the checkout when present,
-else a small synthetic set in the CoSIS format (written into workdir/synthetic_cosis, labels from a hidden
+else a small synthetic set in the CoSIS format (written once under <cache_dir>/synthetic_cosis/, labels from a hidden
 metric of the stand-in features); 'synthetic' forces it. Features, keyed by image id (`val/715`): stand-in
 (seeded random vectors: on the real annotations out-of-sample accuracies are at chance, the run checks the
 pipeline), config.features (.npz) or config.image_dir (BG-20k, through the backbone and its feature cache).
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import checks, ensembles, memory, report, runtime
+from visim_jax import checks, ensembles, memory, ops, report, runtime
 from visim_jax import features as features_lib
 from visim_jax import triplets as cs
 from visim_jax.data import triplets as tdata
@@ -75,8 +75,14 @@ def annotations_dir(config, workdir: str) -> tuple[str, bool]:
     if config.features or config.image_dir:
       raise UserError('config.annotations: the synthetic set only works with stand-in features; point '
                       'config.annotations at the CoSIS folder')
-    folder = os.path.join(workdir, 'synthetic_cosis')
-    return tdata.write_synthetic_cosis(folder, config.seed, config.stand_in_dim), True
+    # an input, not a result: generated once beside the feature cache (a refused run writes nothing in the workdir)
+    folder = os.path.join(features_lib.cache_dir(config.cache_dir), 'synthetic_cosis',
+                          f'seed{config.seed}_dim{config.stand_in_dim}')
+    done = os.path.join(folder, '.complete')
+    if not os.path.exists(done):
+      tdata.write_synthetic_cosis(folder, config.seed, config.stand_in_dim)
+      ops.atomic_write_bytes(done, b'')
+    return folder, True
   folder = a or SHARED_COSIS
   if not os.path.isdir(folder):
     raise UserError(f'config.annotations: folder {folder} not found')
