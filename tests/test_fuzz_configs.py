@@ -83,7 +83,7 @@ def placeholders(c, validate, tmp) -> list:
       if not empty:
         raise
       path = str(tmp)
-      if str(e).endswith(': not a file'):  # a file field: a placeholder file
+      if str(e).endswith(' is not a file'):  # a file field: a placeholder file
         path = str(tmp / 'placeholder.npz')
         open(path, 'w').close()
       set_field(c, field, path)

@@ -250,5 +250,5 @@ def test_command_line_refusal_is_one_line(tmp_path):
                       f'--config.things_triplets={missing}', f'--workdir={tmp_path / "w"}'],
                      cwd=ROOT, capture_output=True, text=True, env={**os.environ, 'PYTHONPATH': ROOT})
   assert p.returncode == 1
-  assert p.stderr.strip() == f'error: config.things_triplets: {missing}: file not found', p.stderr
+  assert p.stderr.strip() == f'error: config.things_triplets: {missing} not found', p.stderr
   assert not (tmp_path / 'w').exists()

@@ -115,9 +115,11 @@ def input_path(config, field: str, kind: str = 'file') -> str:
   user path is checked here, before anything runs: a mode's default never stands in for it."""
   v = text(config, field)
   if v and not (os.path.isdir(v) if kind == 'dir' else os.path.isfile(v)):
-    what = 'folder' if kind == 'dir' else 'file'
-    exists = os.path.exists(v)
-    raise UserError(f'config.{field}: {v}: ' + (f'not a {what}' if exists else f'{what} not found'))
+    if os.path.islink(v) and not os.path.exists(v):
+      raise UserError(f'config.{field}: {v} is a broken symbolic link')
+    if kind == 'dir':
+      raise UserError(f'config.{field}: {v}: ' + ('not a folder' if os.path.exists(v) else 'folder not found'))
+    raise UserError(f'config.{field}: {v} ' + ('is not a file' if os.path.exists(v) else 'not found'))
   return v
 
 

@@ -34,6 +34,7 @@ def validate_config(config) -> H.Options:
   def need(cond, field, msg):
     if not cond:
       raise UserError(f'config.{field}: {msg}')
+  config = features_lib.select_source(config)  # config.features alone selects dataset='features'
   need(config.dataset in DATASETS, 'dataset', f'one of {DATASETS}, got {config.dataset!r}')
   need(config.normalization in H.NORMALIZATIONS, 'normalization', f'one of {H.NORMALIZATIONS}')
   need(config.normalization != 'source' or config.source_stats, 'source_stats',
