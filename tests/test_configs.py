@@ -98,14 +98,14 @@ def check_before_extraction(c, demo_root, cache):
     from visim_jax.experiments import adapt
     adapt.validate_config(c)
     pairs, _ = pairs_lib.from_config(c)
-    backbone, layers = features_lib.build(c)
+    backbone, layers = features_lib.build(features_lib.options(c))
     adapt.check_sizes(adapt.hparams_from_config(c), len(pairs), sum(backbone.layer_dims(layers).values()),
                       [int(k) for k in c.ks])
   elif exp == 'simnet':
     from visim_jax.experiments import simnet
     simnet.validate_config(c)
     if c.mode != 'warmup' and c.dataset != 'features':
-      features_lib.build(c)
+      features_lib.build(features_lib.options(c))
   else:  # histograms, twoafc, ...: their own validation where they have one
     module = __import__(f'visim_jax.experiments.{exp}', fromlist=['run'])
     if hasattr(module, 'validate_config'):

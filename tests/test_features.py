@@ -132,8 +132,7 @@ def test_read_only_cache_is_read_and_a_miss_refused_before_extraction(tmp_path, 
   real_access = os.access
   monkeypatch.setattr(os, 'access', lambda p, mode, **k: (not (mode & os.W_OK) or os.path.abspath(p) !=
                                                           os.path.abspath(cache)) and real_access(p, mode, **k))
-  c = ml_collections.ConfigDict({'cache_dir': cache})
-  assert features.check_cache_dir(c) == cache
+  assert features.check_cache_dir(cache) == cache
   monkeypatch.setattr(features, 'extract', lambda *a, **k: pytest.fail('extracted from a read-only cache'))
   assert np.array_equal(features.cached_features(tiny, paths, **kw), f1)
   with pytest.raises(UserError, match=f'^{cache}: the feature cache folder is read-only and does not hold'):

@@ -77,13 +77,17 @@ def placeholders(c, validate, tmp) -> list:
     except UserError as e:
       field = str(e).split(':')[0].removeprefix('config.')
       try:
-        empty = checks.get(c, field) == ''
+        empty = checks.get(c, field) in ('', str(tmp))
       except KeyError:
         empty = False
       if not empty:
         raise
-      set_field(c, field, str(tmp))
-      fill.append((field, str(tmp)))
+      path = str(tmp)
+      if str(e).endswith(' is not a file'):  # a file field: a placeholder file
+        path = str(tmp / 'placeholder.npz')
+        open(path, 'w').close()
+      set_field(c, field, path)
+      fill = [(f, v) for f, v in fill if f != field] + [(field, path)]
   return fill
 
 

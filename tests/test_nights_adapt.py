@@ -98,9 +98,10 @@ def test_experiment_end_to_end_resume_and_adapter(tmp_path, tmp_path_factory, mo
   from visim_jax import features as features_lib
   from visim_jax.data import nights
   c = demo_config(tmp_path_factory, human_demo_sets)
-  backbone, layers = features_lib.build(c)
+  fo = features_lib.options(c)
+  backbone, layers = features_lib.build(fo)
   t = nights.load(full['nights_dir'], 'test')
-  f = features_lib.features_of(c, backbone, layers, t.paths(), tag='check', progress=False)
+  f = features_lib.features_of(fo, backbone, layers, t.paths(), tag='check', progress=False)
   e = np.asarray(export.apply_adapter(ad, jnp.asarray(f)))
   e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
   rows = t.rows({p: i for i, p in enumerate(t.paths())})

@@ -182,21 +182,22 @@ def test_pooling_rmac_through_the_features_glue(tmp_path):
   c.backbone, c.backbone_kwargs.tiny, c.pooling = 'vgg16', True, 'rmac'
   c.cache_dir, c.rmac.max_side = str(tmp_path / 'cache'), 64
   paths = _images(tmp_path / 'im', [(64, 48), (48, 64)])
-  b, layers = features.build(c)
+  fo = features.options(c)
+  b, layers = features.build(fo)
   assert layers == ('conv5_3',)
-  x = features.features_of(c, b, layers, paths, progress=False)
+  x = features.features_of(fo, b, layers, paths, progress=False)
   np.testing.assert_allclose(x, rmac.describe_images(b, paths, rmac.Options(max_side=64), None,
                                                      features.file_list_hash, progress=False), rtol=1e-5)
-  q = features.rmac_features(c, b, paths[:1], bboxes=[(0, 0, 32, 32)], tag='queries', progress=False)
+  q = features.rmac_features(fo, b, paths[:1], bboxes=[(0, 0, 32, 32)], tag='queries', progress=False)
   assert q.shape == (1, 16) and not np.allclose(q, x[:1])
-  xf = features.features_of(c, b, layers, paths, flip=True, progress=False)     # the mirrored view
+  xf = features.features_of(fo, b, layers, paths, flip=True, progress=False)     # the mirrored view
   mirrored = str(tmp_path / 'mirror.png')
   Image.fromarray(np.asarray(Image.open(paths[0]))[:, ::-1]).save(mirrored)
-  np.testing.assert_allclose(xf[0], features.features_of(c, b, layers, [mirrored], progress=False)[0], rtol=1e-4,
+  np.testing.assert_allclose(xf[0], features.features_of(fo, b, layers, [mirrored], progress=False)[0], rtol=1e-4,
                              atol=1e-6)
   c.rmac.levels = 0
   with pytest.raises(UserError, match='config.rmac.levels'):
-    features.build(c)
+    features.options(c)
   c.rmac.levels, c.pooling = 3, 'gem'
   with pytest.raises(UserError, match='config.pooling'):
-    features.build(c)
+    features.options(c)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from visim_jax import main, runtime
+from visim_jax.errors import UserError
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs'))
 import simnet_classes  # noqa: E402
@@ -111,7 +112,7 @@ def test_bad_input_fails_early(tmp_path):
   c = simnet_classes.get_config('local')
   c.dataset = 'features'
   c.features = str(tmp_path / 'missing.npz')
-  with pytest.raises(FileNotFoundError, match='config.features'):
+  with pytest.raises(UserError, match='config.features: .*missing.npz not found'):
     main.run(c, str(tmp_path / 'w'))
   assert not os.path.exists(tmp_path / 'w')
   c = simnet_tll.get_config('local')

@@ -122,9 +122,9 @@ def test_features_npz_missing_id_names_the_line(tmp_path):
 def test_bad_config_fails_early(tmp_path):
   with pytest.raises(UserError, match='config.image_dir: set config.features or config.image_dir'):
     main_lib.run(_config(features='a.npz', image_dir='b'), str(tmp_path))
-  with pytest.raises(UserError, match='config.annotations: folder /nonexistent not found'):
+  with pytest.raises(UserError, match='config.annotations: /nonexistent: folder not found'):
     main_lib.run(_config(annotations='/nonexistent'), str(tmp_path))
-  with pytest.raises(UserError, match='config.image_dir: folder'):
+  with pytest.raises(UserError, match='config.image_dir: .*nope: folder not found'):
     main_lib.run(_config(annotations=tdata.write_synthetic_cosis(str(tmp_path / 'c'), 0, 32),
                          image_dir=str(tmp_path / 'nope')), str(tmp_path / 'wd'))
   c = _config()

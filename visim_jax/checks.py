@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Any, Sequence
 
 from visim_jax.errors import UserError
@@ -107,3 +108,36 @@ def text(config, field: str) -> str:
   if not isinstance(v, str):
     raise fail(field, 'must be a string', v)
   return v
+
+
+def input_path(config, field: str, kind: str = 'file') -> str:
+  """A path the run reads (a file or a folder): '' (not given) or existing, else refused naming the field. Every
+  user path is checked here, before anything runs: a mode's default never stands in for it."""
+  v = text(config, field)
+  if v and not (os.path.isdir(v) if kind == 'dir' else os.path.isfile(v)):
+    if os.path.islink(v) and not os.path.exists(v):
+      raise UserError(f'config.{field}: {v} is a broken symbolic link')
+    if kind == 'dir':
+      raise UserError(f'config.{field}: {v}: ' + ('not a folder' if os.path.exists(v) else 'folder not found'))
+    raise UserError(f'config.{field}: {v} ' + ('is not a file' if os.path.exists(v) else 'not found'))
+  return v
+
+
+def unused(config, fields: Sequence[str], why: str) -> None:
+  """Fields the user set that this run would not read are refused (a setting silently ignored would be recorded
+  as if it had been used): `config.<field>: not used <why>; remove it`."""
+  for f in fields:
+    v = get(config, f)
+    if v not in ('', None, False, 0):
+      raise UserError(f'config.{f}: not used {why}; remove it (got {v!r})')
+
+
+def data_source(config, uses: dict, field: str = 'dataset') -> None:
+  """config.dataset's own input paths checked (`input_path`); the path fields only other datasets read are refused
+  when set (`unused`). uses: {dataset: ((field, 'file' | 'dir'), ...)}."""
+  ds = get(config, field)
+  mine = tuple(uses.get(ds, ()))
+  for f, kind in mine:
+    input_path(config, f, kind)
+  others = sorted({f for k, v in uses.items() if k != ds for f, _ in v} - {f for f, _ in mine})
+  unused(config, [f for f in others if f in config], f'with {field}={ds!r}')

@@ -247,6 +247,8 @@ def extract_all_hosts(backbone: Backbone, paths: Sequence[str], layers, batch_si
 
 
 # ------------------------------------------------------------------------------------------ config glue
+import dataclasses  # noqa: E402 (here, not above: the glue below is its only user)
+
 
 BACKBONE_FIELDS = ('backbone', 'backbone_kwargs', 'layers', 'image_batch_size', 'dtype', 'cache_dir', 'pooling',
                    'rmac')
@@ -283,50 +285,58 @@ def check_fields(config) -> None:
     checks.integer(config, 'rmac.whiten_dim', 0, 2**16, note=' (0: as many as channels)')
 
 
-def rmac_options(config):
-  """config.rmac as rmac.Options (bad values fail naming the field)."""
-  from visim_jax import rmac  # pylint: disable=g-import-not-at-top
-  return rmac.Options(**config.rmac.to_dict())
+@dataclasses.dataclass(frozen=True)
+class FeatureOptions:
+  """The backbone fields of a config, parsed once (`options(config)`): what every function below takes."""
+  backbone: str = 'efficientnet_lite0'
+  backbone_kwargs: tuple = ()          # (name, value) of the options that are set
+  layers: tuple = ()                   # () = the backbone's default pooled stages
+  image_batch_size: int = 32
+  dtype: str = 'float32'
+  cache_dir: str = ''                  # resolved: never ''
+  pooling: str = 'mean'
+  rmac: object = None                  # rmac.Options when pooling == 'rmac'
 
 
-def backbone_kwargs(config) -> dict:
-  """The options of config.backbone_kwargs that are set: not every backbone factory takes every option."""
-  out = {}
-  for k, v in config.backbone_kwargs.items():
-    if v is None or v == '' or (isinstance(v, bool) and not v) or (k == 'random_init' and v < 0):
-      continue
-    out[k] = v
-  return out
+def options(config) -> FeatureOptions:
+  """config's backbone fields -> FeatureOptions; every check here, naming the field (nothing is built)."""
+  from visim_jax import checks, rmac  # pylint: disable=g-import-not-at-top
+  check_fields(config)
+  checks.choice(config, 'dtype', ('float32', 'bfloat16'))
+  pooling = config.get('pooling', 'mean')
+  if pooling not in ('mean', 'rmac'):
+    raise UserError(f"config.pooling: 'mean' or 'rmac', got {pooling!r}")
+  kwargs = tuple((k, v) for k, v in config.backbone_kwargs.items()
+                 if not (v is None or v == '' or (isinstance(v, bool) and not v) or (k == 'random_init' and v < 0)))
+  rmac_opts = rmac.Options(**config.rmac.to_dict()) if pooling == 'rmac' else None
+  return FeatureOptions(config.backbone, kwargs, tuple(l.strip() for l in config.layers.split(',') if l.strip()),
+                        config.image_batch_size, config.dtype, cache_dir(config.get('cache_dir', '')), pooling,
+                        rmac_opts)
 
 
-def cache_dir(config) -> str:
-  return config.cache_dir or os.path.join(os.path.expanduser('~'), '.cache', 'visim_jax', 'features')
+def cache_dir(path: str = '') -> str:
+  """The feature cache folder: `path` (config.cache_dir) or ~/.cache/visim_jax/features."""
+  return path or os.path.join(os.path.expanduser('~'), '.cache', 'visim_jax', 'features')
 
 
-def check_cache_dir(config) -> str:
+def check_cache_dir(path: str) -> str:
   """The feature cache folder, created now (before any extraction); a one-line UserError if it cannot be. A
   read-only folder is taken as it is: features it holds are read, a missing one is refused before extraction."""
-  path = cache_dir(config)
+  path = cache_dir(path)
   if os.path.isdir(path) and os.access(path, os.R_OK | os.X_OK) and not os.access(path, os.W_OK):
     return path
   ops.check_writable_dir(path, 'feature cache folder', label='config.cache_dir')
   return path
 
 
-def build(config) -> tuple[Backbone, tuple[str, ...]]:
+def build(opts: FeatureOptions) -> tuple[Backbone, tuple[str, ...]]:
   """(backbone, pooled layers); unknown names fail here, naming the field, before any extraction."""
   from visim_jax.backbones.registry import get_backbone  # deferred: transformers is heavy
-  if config.dtype not in ('float32', 'bfloat16'):
-    raise UserError(f"config.dtype: 'float32' or 'bfloat16', got {config.dtype!r}")
-  if config.image_batch_size < 1:
-    raise UserError(f'config.image_batch_size: must be >= 1, got {config.image_batch_size}')
-  if config.get('pooling', 'mean') not in ('mean', 'rmac'):
-    raise UserError(f"config.pooling: 'mean' or 'rmac', got {config.pooling!r}")
-  check_cache_dir(config)
-  backbone = get_backbone(config.backbone, **backbone_kwargs(config))
-  layers = tuple(l.strip() for l in config.layers.split(',') if l.strip()) or tuple(backbone.layers)
-  if config.get('pooling', 'mean') == 'rmac':
-    layers = (rmac_options(config).layer,)
+  check_cache_dir(opts.cache_dir)
+  backbone = get_backbone(opts.backbone, **dict(opts.backbone_kwargs))
+  layers = opts.layers or tuple(backbone.layers)
+  if opts.pooling == 'rmac':
+    layers = (opts.rmac.layer,)
   backbone.layer_dims(layers)
   return backbone, layers
 
@@ -336,26 +346,26 @@ def describe(backbone: Backbone, layers: Sequence[str]) -> dict:
           'image_size': backbone.preprocess.size, 'preprocessing': backbone.preprocess.describe()}
 
 
-def features_of(config, backbone: Backbone, layers: Sequence[str], paths: Sequence[str],
+def features_of(opts: FeatureOptions, backbone: Backbone, layers: Sequence[str], paths: Sequence[str],
                 names: Sequence[str] | None = None, tag: str = 'images', flip: bool = False,
                 progress: bool = True, loader=None, source_id: dict | None = None) -> np.ndarray:
-  """Pooled features of `paths` through the feature cache, with the config's batch size, dtype and cache."""
-  if config.get('pooling', 'mean') == 'rmac':
+  """Pooled features of `paths` through the feature cache, with the options' batch size, dtype and cache."""
+  if opts.pooling == 'rmac':
     if loader is not None:
       raise UserError('config.pooling: rmac reads image files only (not a TFDS loader)')
-    return rmac_features(config, backbone, paths, tag=tag, progress=progress, flip=flip)
-  return cached_features(backbone, paths, cache_dir(config), layers=layers, names=names, tag=tag,
-                         batch_size=config.image_batch_size, dtype=config.dtype, progress=progress, flip=flip,
+    return rmac_features(opts, backbone, paths, tag=tag, progress=progress, flip=flip)
+  return cached_features(backbone, paths, opts.cache_dir, layers=layers, names=names, tag=tag,
+                         batch_size=opts.image_batch_size, dtype=opts.dtype, progress=progress, flip=flip,
                          loader=loader, source_id=source_id)
 
 
-def rmac_features(config, backbone: Backbone, paths: Sequence[str], bboxes=None, tag: str = 'images',
+def rmac_features(opts: FeatureOptions, backbone: Backbone, paths: Sequence[str], bboxes=None, tag: str = 'images',
                   progress: bool = True, flip: bool = False) -> np.ndarray:
   """R-MAC descriptors of image files (cropped to `bboxes`: x1, y1, x2, y2 per image, if given) through the
-  region-vector cache, whitened on config.rmac.whiten_on."""
+  region-vector cache, whitened on rmac.whiten_on."""
   from visim_jax import rmac  # pylint: disable=g-import-not-at-top
-  return rmac.describe_images(backbone, paths, rmac_options(config), cache_dir(config), file_list_hash, bboxes,
-                              tag, config.image_batch_size, config.dtype, progress, flip)
+  return rmac.describe_images(backbone, paths, opts.rmac, opts.cache_dir, file_list_hash, bboxes,
+                              tag, opts.image_batch_size, opts.dtype, progress, flip)
 
 
 def select_source(config):

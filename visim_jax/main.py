@@ -47,7 +47,8 @@ def run(config, workdir: str, compile_cache: bool = True):
   module.validate_config(config)  # every field's type and range, before the workdir is touched
   cache_lib.enable(compile_cache)
   from visim_jax import precision
-  with runtime.workdir_lock(workdir), precision.context(config):  # config.matmul_precision around the whole run
+  with runtime.workdir_lock(workdir), precision.context(config):  # held from the start: a busy workdir is refused
+    runtime.check_experiment(workdir, experiment)  # another experiment's workdir: refused, nothing read or written
     return module.run(config, workdir)
 
 

@@ -3,7 +3,7 @@
 The stable API (adaptation, SimNet and the 2AFC context models train through exactly this):
 
   fp = runtime.fingerprint(fields, arrays)        # what the run depends on: a dict of config fields + data
-  with runtime.Run(workdir, config, fp) as run:    # lock, refuse a changed config, then write config.json
+  with runtime.Run(workdir, config, fp) as run:    # lock, refuse a changed config (nothing written yet)
     tree, start = run.restore(template)            # newest *valid* checkpoint, or (template, 0)
     tree = run.loop(tree, chunk_fn, start, end, every=n, save_every=m)
     run.write_metrics(metrics)                     # metrics.json (+ the fingerprint it was computed under)
@@ -20,9 +20,10 @@ The stable API (adaptation, SimNet and the 2AFC context models train through exa
   taken for the whole run (a second run gets a UserError naming the holder's pid and host; the kernel drops
   the lock of a dead process, so a stale lock file is simply taken over), and when checkpoints exist their
   fingerprint must match (else a UserError naming the workdir and the differing fields: a refused run leaves
-  the workdir untouched). Only then are config.json and fingerprint.json written; a run that fails before its
-  first checkpoint or metrics.json puts back the ones it found (a finished workdir keeps describing its results).
-- `workdir_lock(workdir)` takes that same lock for a whole command (main.py holds it around the experiment,
+  the workdir untouched). Nothing is written on entry: config.json and fingerprint.json are written just before
+  the run's first result (checkpoint, TensorBoard scalars or metrics.json; visim_jax/workdir.py `Record`), and a
+  run that fails before a checkpoint or metrics.json landed puts back the ones it found.
+- `workdir_lock(workdir)` (visim_jax/workdir.py) takes that same lock for a whole command (main.py holds it around the experiment,
   so a busy workdir is refused before hours of feature extraction); a `Run` inside it re-enters the held lock.
 - `restore` skips a corrupt newest step (logs which and why, deletes it) and takes the newest valid one.
 - A failed save (an OSError such as a full disk) leaves no partial step and no temporary folder and is
@@ -35,27 +36,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import hashlib
 import json
 import os
 import shutil
-import socket
 from typing import Any, Callable, Mapping, Sequence
 
-import jax
 import numpy as np
 from absl import logging
 
 from visim_jax import compile_cache, ops, report
 from visim_jax.errors import UserError
+from visim_jax.workdir import OUTER, Record, acquire, check_experiment, os_error, release, workdir_lock  # noqa: F401
 
 # Test-only fault injection: FAULT_HOOK(phase, step, checkpoint_dir); phases in SAVE_PHASES.
 FAULT_HOOK: Callable[[str, int, str], None] | None = None
 SAVE_PHASES = ('before_save', 'during_save', 'after_save')
 _TMP_MARK = '.orbax-checkpoint-tmp'
-_OUTER: set[str] = set()  # workdirs whose lock this process holds for a whole command (workdir_lock)
 
 
 def _hook(phase: str, step: int, directory: str) -> None:
@@ -106,16 +103,6 @@ def _diff(old: dict, new: Fingerprint) -> str:
 
 # ----------------------------------------------------------------------------------------------- checks
 
-def os_error(e: OSError, path: str, doing: str) -> UserError:
-  """An OSError while `doing` something at `path`, as a one-line UserError saying what to do."""
-  advice = {errno.ENOSPC: 'the disk is full: free some space and rerun (the run resumes)',
-            errno.EDQUOT: 'the disk quota is exceeded: free some space and rerun (the run resumes)',
-            errno.EROFS: 'the file system is read-only: choose another folder',
-            errno.EACCES: 'permission denied: fix the permissions or choose another folder'}
-  msg = advice.get(e.errno, f'{e.strerror or e}: check the folder and rerun')
-  return UserError(f'{e.filename or path}: {doing} failed; {msg}')
-
-
 # --------------------------------------------------------------------------------------------- the run
 
 class Run:
@@ -131,8 +118,7 @@ class Run:
     self._mngr = None
     self._writer = None
     self._bar = None  # one progress bar across the loops (phases) of the run
-    self._record = None  # the workdir's config.json / fingerprint.json bytes before this run (restored on failure)
-    self._kept = False   # a checkpoint or metrics.json of this run is on disk: its record stays
+    self.record = Record(self.workdir, config, fp.record())  # config.json + fingerprint.json, written last
 
   # ---------------------------------------------------------------- enter / exit
   def __enter__(self) -> 'Run':
@@ -140,13 +126,6 @@ class Run:
     self._lock()
     try:
       self._check_fingerprint()
-      if report.is_writer():
-        self._record = {n: _read_bytes(os.path.join(self.workdir, n)) for n in RECORD}
-        try:
-          report.write_config(self.workdir, self.config)
-          report.write_json(os.path.join(self.workdir, 'fingerprint.json'), self.fp.record())
-        except OSError as e:
-          raise os_error(e, self.workdir, 'writing config.json') from e
       if self.ckpt_dir:
         self._open_manager()
     except BaseException:
@@ -156,8 +135,8 @@ class Run:
 
   def __exit__(self, *exc) -> None:
     try:
-      if exc[0] is not None and self._record is not None and not self._kept:
-        _restore_record(self.workdir, self._record)  # a failed run leaves the workdir's record as it was
+      if exc[0] is not None:
+        self.record.put_back()  # a run that failed before keeping a result leaves the record as it was
       if self._mngr is not None:
         with contextlib.suppress(Exception):
           self._mngr.wait_until_finished()
@@ -175,12 +154,12 @@ class Run:
       self._unlock()
 
   def _lock(self) -> None:
-    if self.workdir not in _OUTER:  # inside workdir_lock the command already holds it
-      self._locked = _acquire(self.workdir)
+    if self.workdir not in OUTER:  # inside workdir_lock the command already holds it
+      self._locked = acquire(self.workdir)
 
   def _unlock(self) -> None:
     if self._locked is not None:
-      _release(self._locked)
+      release(self._locked)
       self._locked = None
 
   def _check_fingerprint(self) -> None:
@@ -239,6 +218,7 @@ class Run:
     if self._mngr is None:
       return
     import orbax.checkpoint as ocp
+    self.record.write()
     _hook('before_save', step, self.ckpt_dir)
     try:
       self._mngr.save(step, args=ocp.args.StandardSave(tree))
@@ -257,7 +237,7 @@ class Run:
       if cause is not None:
         raise os_error(cause, self.ckpt_dir, f'saving checkpoint step {step}') from e
       raise
-    self._kept = True
+    self.record.kept = True
     _hook('after_save', step, self.ckpt_dir)
 
   # ---------------------------------------------------------------- the loop
@@ -286,6 +266,7 @@ class Run:
     if not report.is_writer():
       return
     if self._writer is None:
+      self.record.write()
       self._writer = report.metric_writer(self.workdir)
     for k, v in scalars.items():
       v = np.asarray(v, np.float64).reshape(-1)
@@ -300,7 +281,8 @@ class Run:
     """metrics.json (process 0) with the fingerprint it was computed under; returns the dict written."""
     from visim_jax import precision  # pylint: disable=g-import-not-at-top
     metrics = {**metrics, 'fingerprint': self.fp.digest, 'matmul_precision': precision.in_effect()}
-    self._kept = True
+    self.record.write()
+    self.record.kept = True
     if 'timing_s' in metrics:
       metrics['timing_s'] = compile_cache.report(metrics['timing_s'])
     try:
@@ -311,87 +293,6 @@ class Run:
 
   def path(self, *parts: str) -> str:
     return os.path.join(self.workdir, *parts)
-
-
-RECORD = ('config.json', 'fingerprint.json')  # what a Run writes on entry, before any result
-
-
-def _read_bytes(path: str) -> bytes | None:
-  try:
-    with open(path, 'rb') as f:
-      return f.read()
-  except OSError:
-    return None
-
-
-def _restore_record(workdir: str, record: dict) -> None:
-  """Puts back the record files a failed run rewrote before it saved anything (removes those it created)."""
-  for name, data in record.items():
-    path = os.path.join(workdir, name)
-    with contextlib.suppress(OSError):
-      if data is None:
-        os.remove(path)
-      else:
-        ops.atomic_write_bytes(path, data)
-
-
-def _acquire(workdir: str) -> int | None:
-  """Takes the exclusive flock on `<workdir>/.lock` (process 0; the others learn the outcome): its fd (None on
-  other processes), or a UserError naming the holder when another run has it. Another open of the same file
-  conflicts even within one process, so two Runs of one workdir never overlap."""
-  multi = jax.distributed.is_initialized()  # asked without starting a backend on one machine
-  ok, holder, fd = 1, '', None
-  if not multi or report.is_writer():
-    path = os.path.join(workdir, '.lock')
-    try:
-      fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as e:
-      raise os_error(e, path, 'creating the workdir lock') from e
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-      holder = os.pread(fd, 200, 0).decode(errors='replace').strip() or 'unknown'
-      os.close(fd)
-      fd, ok = None, 0
-    else:
-      os.ftruncate(fd, 0)
-      os.pwrite(fd, f'pid {os.getpid()} on host {socket.gethostname()}\n'.encode(), 0)
-  if multi and jax.process_count() > 1:  # every process learns whether process 0 got the lock
-    from jax.experimental import multihost_utils
-    ok = int(multihost_utils.broadcast_one_to_all(np.int32(ok)))
-  if not ok:
-    raise UserError(f'{workdir}: another run is using this workdir ({holder}); wait for it to finish or '
-                    'pass another --workdir')
-  return fd
-
-
-def _release(fd: int | None) -> None:
-  if fd is not None:
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
-
-
-@contextlib.contextmanager
-def workdir_lock(workdir: str):
-  """Holds the workdir's lock for a whole command (data, features, training, report), so a busy workdir is
-  refused before any extraction; `Run`s inside re-enter it. A workdir this command created is removed again
-  when the command fails before writing anything into it (a refused run leaves no trace)."""
-  workdir = os.path.abspath(workdir)
-  created = not os.path.lexists(workdir)
-  ops.check_writable_dir(workdir, 'workdir')
-  fd = _acquire(workdir)
-  _OUTER.add(workdir)
-  try:
-    yield workdir
-  except BaseException:
-    left = [n for n in os.listdir(workdir) if n != '.lock']
-    if created and all(os.path.isdir(os.path.join(workdir, n)) and not os.listdir(os.path.join(workdir, n))
-                       for n in left):  # the lock and empty folders (an Orbax manager opened, nothing saved)
-      shutil.rmtree(workdir, ignore_errors=True)
-    raise
-  finally:
-    _OUTER.discard(workdir)
-    _release(fd)
 
 
 def loop(tree, chunk_fn, start: int, end: int, every: int, save_every: int | None = None,

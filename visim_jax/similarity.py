@@ -220,8 +220,16 @@ def _adapter(spec, target, option, opts):
     raise _bad(spec, 'adapter: takes no @option')
   path = os.path.join(target, 'adapter.npz') if os.path.isdir(target) else target
   if not os.path.isfile(path):
-    raise _bad(spec, f'{path}: no adapter.npz (an adaptation workdir, or `python -m visim_jax.export '
-                     '--workdir=W` to write one from its checkpoints)')
+    from visim_jax import workdir
+    kind = workdir.recorded_experiment(target) if os.path.isdir(target) else None
+    if kind == 'adapt':
+      advice = f'write it from its checkpoints with `python -m visim_jax.export --workdir={target}`'
+    elif kind == 'nights_adapt':
+      advice = ('a nights_adapt run writes it when it ends (config.model=adapter): rerun that command to finish it; '
+                'a triplet head is not an adapter')
+    else:
+      advice = 'give an adaptation workdir or an adapter.npz file'
+    raise _bad(spec, f'{path}: no adapter.npz; {advice}')
   try:
     ad = export.load_adapter(path)
   except UserError as e:

@@ -23,111 +23,11 @@ import jax
 import numpy as np
 
 from visim_jax import compile_cache, features as features_lib
-from visim_jax import checks, collapse, runtime, sharding, train
+from visim_jax import collapse, runtime, sharding, train
 from visim_jax.data import npz
 from visim_jax.data import pairs as pairs_lib
 from visim_jax.errors import UserError
-
-DATASETS = ('tll', 'demo', 'features')
-
-
-def hparams_from_config(config) -> train.Hparams:
-  return train.Hparams(runs=config.runs, train_fraction=config.train_fraction, select_epoch=config.select_epoch,
-                       val_fraction=config.val_fraction, min_val_pairs=config.min_val_pairs, pca_dim=config.pca_dim, pca_fit=config.pca_fit,
-                       pca_whiten=config.pca_whiten, adapt_dim=config.adapt_dim,
-                       sigmas=tuple(float(s) for s in config.sigmas), lr=config.lr, epochs=config.epochs,
-                       seed=config.seed, dtype=config.train_dtype)
-
-
-def validate_config(config) -> None:
-  """Checks every field the experiment reads, types and ranges (visim_jax/checks.py); raises naming the field.
-  main.py calls it before the workdir is touched; sizes that need the data are checked by check_sizes."""
-  config = features_lib.select_source(config)
-  checks.choice(config, 'dataset', DATASETS)
-  checks.integer(config, 'runs', 1, 100_000)
-  checks.fraction(config, 'train_fraction')
-  checks.integer(config, 'pca_dim', 1, 2**20)
-  checks.choice(config, 'pca_fit', train.PCA_FIT)
-  checks.integer(config, 'adapt_dim', 1, 2**24)
-  checks.numbers(config, 'sigmas', 0, lo_open=True, distinct=True, example='(15,) or (1, 15)')
-  checks.choice(config, 'select_epoch', train.SELECT_EPOCH)
-  checks.fraction(config, 'val_fraction')
-  checks.integer(config, 'min_val_pairs', 0, 10**6)
-  checks.number(config, 'lr', 0, lo_open=True)
-  checks.integer(config, 'epochs', 1, 10_000_000)
-  checks.choice(config, 'train_dtype', ('float32', 'bfloat16'))
-  checks.integer(config, 'checkpoint_every', 1)
-  checks.numbers(config, 'ks', 1, 10**6, integer=True, example='(1, 5, 20)')
-  checks.seed(config)
-  checks.integer(config, 'sheet_queries', 0, 1000)
-  for f in ('flip', 'pca_whiten', 'checkpoint', 'plots'):
-    checks.flag(config, f)
-  features_lib.check_fields(config)
-  if 'demo' in config:
-    checks.integer(config, 'demo.n_pairs', 8, 100_000)
-    checks.seed(config, 'demo.seed')
-  if config.dataset == 'tll' and not config.data_dir:
-    raise checks.fail('data_dir', 'the TLL folder (with left/ and right/) is required for dataset=tll (or pass '
-                      '--config.features=FEATS.npz)', config.data_dir)
-  if config.dataset == 'features' and not config.features:
-    raise checks.fail('features', 'an .npz path is required for dataset=features', config.features)
-
-
-def check_sizes(hp: train.Hparams, n: int, dim: int, ks) -> None:
-  """What the pair count and feature size allow (run before feature extraction when they are known)."""
-  n_train, n_fit, n_val = hp.n_train(n), hp.n_fit(n), hp.n_val(n)
-  n_test = n - n_train
-  if n_fit < 2:
-    raise UserError(f'config.train_fraction: {n} pairs give {n_fit} pairs to train on')
-  if n_test < max(ks):
-    if max(ks) > n // 2:  # even a test split of half the pairs could not hold it: the ks are wrong
-      raise UserError(f'config.ks: the largest k = {max(ks)} exceeds the test split of {n_test} pairs (of {n}, '
-                      f'train_fraction={hp.train_fraction}); lower the ks')
-    raise UserError(f'config.train_fraction: {hp.train_fraction} leaves a test split of {n_test} pairs (of {n}), '
-                    f'fewer than the largest k = {max(ks)} of config.ks; lower train_fraction')
-  if hp.select_epoch == 'val' and n_val < 2:
-    raise UserError(f'config.val_fraction: {hp.val_fraction} of the {n_train} training pairs is {n_val} validation '
-                    'pairs; raise it, or pick the epoch another way (--config.select_epoch=last)')
-  fit_rows = 2 * (n if hp.pca_fit == 'all' else n_fit)
-  if hp.pca_dim > min(dim, fit_rows):
-    raise UserError(f'config.pca_dim: {hp.pca_dim} exceeds min(feature dim {dim}, PCA samples {fit_rows}); '
-                    f'use --config.pca_dim={min(dim, fit_rows)} or less')
-  check_memory(hp, n, dim)
-
-
-def memory_bytes(hp: train.Hparams, n: int, dim: int, views: int = 2) -> dict[str, int]:
-  """What the training program must hold at once (bytes; a lower bound: XLA's temporaries come on top), per
-  config field it grows with. Every run at every sigma is one vmapped program, so each term is R x S times:
-  the parameters with Adam's two moments and the gradient, the full-batch step's activations (views x (left,
-  right) x n_fit x adapt_dim) and their gradient, the n_fit^2 logits and their gradient, the test ranking; then
-  the features and the host-side records of every epoch (loss, test and validation ranks)."""
-  rs = hp.runs * len(hp.sigmas)
-  n_fit, n_test, n_val = hp.n_fit(n), n - hp.n_train(n), hp.n_val(n)
-  f32 = 4
-  return {'adapt_dim': rs * (4 * hp.pca_dim * hp.adapt_dim + 2 * views * 2 * n_fit * hp.adapt_dim
-                             + 2 * max(n_test, n_val) * hp.adapt_dim) * f32,
-          'runs': rs * (2 * views * n_fit * n_fit + n_test * n_test + views * 2 * n_fit * hp.pca_dim) * f32
-                  + hp.runs * dim * hp.pca_dim * f32,
-          'epochs': rs * hp.epochs * (1 + n_test + n_val) * f32 * 2,
-          'features': 2 * views * n * dim * f32}
-
-
-def check_memory(hp: train.Hparams, n: int, dim: int) -> None:
-  """Refuses (nothing run) a config whose training memory (memory_bytes, a lower bound) exceeds 90% of the
-  device's (or the host's, on CPU) memory, naming the field furthest above its usual value (Hparams defaults)."""
-  from visim_jax.metrics.blocked_histograms import memory_limit_bytes
-  parts = memory_bytes(hp, n, dim)
-  total, limit = sum(parts.values()), memory_limit_bytes()
-  if total <= 0.9 * limit:
-    return
-  usual = train.Hparams()
-  growth = {'runs': hp.runs / usual.runs, 'epochs': hp.epochs / usual.epochs, 'adapt_dim': hp.adapt_dim /
-            usual.adapt_dim, 'sigmas': len(hp.sigmas) / 2}
-  field = max(growth, key=growth.get)
-  detail = ', '.join(f'{k} {v / 2**30:.3g} GiB' for k, v in parts.items())
-  raise UserError(f'config.{field}: this run needs at least {total / 2**30:,.1f} GiB ({detail}; runs={hp.runs}, '
-                  f'{len(hp.sigmas)} sigma(s), epochs={hp.epochs}, pca_dim={hp.pca_dim}, adapt_dim={hp.adapt_dim}, '
-                  f'{n} pairs), more than 90% of the {limit / 2**30:.1f} GiB available; lower config.{field}')
+from visim_jax.experiments.adapt_parse import check_sizes, hparams_from_config, validate_config  # noqa: F401 (the gate)
 
 
 def load_features(config, hp: train.Hparams, ks, progress: bool = True):
@@ -153,11 +53,12 @@ def load_features(config, hp: train.Hparams, ks, progress: bool = True):
     return train.Features(left, right, *flips), names, None, desc
 
   pairs, root = pairs_lib.from_config(config)
-  backbone, layers = features_lib.build(config)
+  fo = features_lib.options(config)
+  backbone, layers = features_lib.build(fo)
   check_sizes(hp, len(pairs), sum(backbone.layer_dims(layers).values()), ks)
   runtime.say(f'{len(pairs)} pairs from {root}; features: {backbone.name} ({",".join(layers)})')
   get = lambda paths, tag, flip=False: features_lib.features_of(
-      config, backbone, layers, paths, pairs.names, tag, flip, progress)
+      fo, backbone, layers, paths, pairs.names, tag, flip, progress)
   left, right = get(pairs.left, 'left'), get(pairs.right, 'right')
   flips = (get(pairs.left, 'left', True), get(pairs.right, 'right', True)) if config.flip else (None, None)
   pairs_lib.check_feature_pairs(left, right, pairs.names, source=f'{config.backbone} features of {root}')

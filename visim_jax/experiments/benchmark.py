@@ -24,7 +24,8 @@ import time
 
 from tqdm.auto import tqdm
 
-from visim_jax import checks, leaderboard, ops, report, runtime
+from visim_jax import checks, decode_pass, leaderboard, ops, report, runtime
+from visim_jax import workdir as workdir_lib
 from visim_jax import similarity as sim_lib
 from visim_jax.errors import UserError
 from visim_jax.experiments import benchmark_tasks as tasks_lib
@@ -57,9 +58,14 @@ def validate_config(config) -> list[str]:
   checks.choice(config, 'dtype', ('float32', 'bfloat16'))
   checks.choice(config, 'things_ties', ('le', 'lt', 'split'))
   checks.choice(config, 'things_form', ('auto', 'dreamsim', 'osf', 'index0'))
-  for f in DATA_FIELDS:
-    if config[f] and not os.path.isdir(config[f]):
-      raise UserError(f'config.{f}: {config[f]}: folder not found')
+  for f in DATA_FIELDS + ('cosis_image_dir',):
+    checks.input_path(config, f, 'dir')
+  for f in ('things_triplets', 'things_names', 'tll_subset'):
+    checks.input_path(config, f)
+  for f, parent in (('things_triplets', 'things_dir'), ('things_names', 'things_dir'), ('tll_subset', 'tll_dir'),
+                    ('cosis_image_dir', 'cosis_dir')):
+    if not config[parent] and not (config.dataset == 'demo' and parent == 'things_dir'):
+      checks.unused(config, [f], f'without config.{parent}')
   checks.choice(config, 'dataset', ('folders', 'demo'))
   if config.dataset != 'demo' and not any(config[f] for f in DATA_FIELDS):
     raise UserError(f'config.nights_dir: no data given: set at least one of {", ".join(DATA_FIELDS)} (or run '
@@ -104,15 +110,16 @@ def with_demo(config):
     return config
   from visim_jax import features
   from visim_jax.data import human_demo
-  d = human_demo.demo_sets(config.demo.root or None, config.demo.seed, features.cache_dir(config))
+  d = human_demo.demo_sets(config.demo.root or None, config.demo.seed, features.cache_dir(config.cache_dir))
   config = config.copy_and_resolve_references()
   with config.unlocked():
     if not config.nights_dir:
       config.nights_dir = d.nights
     if not config.bapps_dir:
       config.bapps_dir = d.bapps
-    if not config.things_dir:
-      config.things_dir, config.things_triplets = d.things, d.things_dreamsim
+    if not config.things_dir:  # the demo's triplet list only where the user gave none (never replaced)
+      config.things_dir = d.things
+      config.things_triplets = config.things_triplets or d.things_dreamsim
   return config
 
 
@@ -122,11 +129,19 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   t0 = time.time()
   protocols = tasks_lib.protocols(config)           # every file checked, nothing decoded
   from visim_jax import features
-  opts = sim_lib.Options(features.check_cache_dir(config), config.image_batch_size, config.dtype, progress)
+  opts = sim_lib.Options(features.check_cache_dir(config.cache_dir), config.image_batch_size, config.dtype, progress)
   models = {s: sim_lib.build(s, opts) for s in specs}   # weights and files read now: a bad entry fails here
   ops.check_writable_dir(workdir, 'workdir')
-  if report.is_writer():
-    report.write_config(workdir, config)
+  decode_pass.check([p for ts in protocols.values() for t in ts for p in t.paths], opts.cache_dir)
+  record = workdir_lib.Record(workdir, config, None)  # config.json: written with the first result, not before
+  try:
+    return _cells(config, workdir, specs, protocols, models, record, progress, t0)
+  except BaseException:
+    record.put_back()
+    raise
+
+
+def _cells(config, workdir, specs, protocols, models, record, progress, t0) -> dict:
   sopts = tasks_lib.ScoreOptions(config.n_boot, 1 - config.ci_level, config.seed, config.pair_batch_size,
                                  tuple(int(k) for k in config.ks), config.things_ties, progress)
   results, timing, computed = {s: {} for s in specs}, {}, 0
@@ -152,6 +167,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
         res.update(task.score(sim, memo[key], sopts))
       timing[f'{spec} / {protocol}'] = time.time() - t1
       computed += 1
+      record.write()
+      record.kept = True
       if report.is_writer():
         report.write_json(path, {'model': spec, 'protocol': protocol, 'fingerprint': fp.record(),
                                  'results': res, 'timing_s': timing[f'{spec} / {protocol}']})
@@ -162,6 +179,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
              'identities': {s: models[s].identity for s in specs}, 'computed_cells': computed,
              'read_back_cells': len(jobs) - computed, 'timing_s': {'total': time.time() - t0, 'cells': timing},
              'ci': f'{100 * config.ci_level:g}% percentile bootstrap ({config.n_boot} resamples)'}
+  record.write()
   if report.is_writer():
     report.write_json(os.path.join(workdir, 'leaderboard.json'), summary)
     text = leaderboard.write(workdir, board)

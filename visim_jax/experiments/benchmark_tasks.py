@@ -165,6 +165,13 @@ def protocols(config) -> dict[str, list[Task]]:
     from visim_jax.data import bapps
     sets = _list(config.bapps_sets) or None
     jnd_sets = _list(config.bapps_jnd_sets) or None
+    for field, chosen, sub, published, on in (('bapps_sets', sets, '2afc/val', bapps.TWOAFC_SETS['val'],
+                                               config.bapps_2afc),
+                                              ('bapps_jnd_sets', jnd_sets, 'jnd/val', bapps.JND_SETS, config.bapps_jnd)):
+      missing = [s for s in chosen or () if on and not os.path.isdir(os.path.join(config.bapps_dir, sub, s))]
+      if missing:
+        raise UserError(f'config.{field}: {missing[0]!r} is not a set folder of {os.path.join(config.bapps_dir, sub)} '
+                        f'(published: {", ".join(published)}); choose some with --config.{field}=a,b')
     if config.bapps_2afc:
       out['bapps_2afc'] = [twoafc_task('bapps_2afc', n, s) for n, s in bapps.load_2afc(config.bapps_dir, 'val',
                                                                                          sets).items()]

@@ -18,59 +18,16 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from visim_jax import features as features_lib
-from visim_jax import checks, ops, report, runtime
+from visim_jax import ops, report, runtime
 from visim_jax.data import classes as classes_lib
 from visim_jax.errors import UserError
+from visim_jax.experiments.histograms_parse import validate_config  # noqa: F401 (the gate)
 from visim_jax.metrics import histograms as H
 from visim_jax.metrics import knn as knn_lib
 from visim_jax.metrics import tree as tree_lib
 
-DATASETS = ('demo', 'folder', 'tfds', 'features')
 SCALARS = H.SCALARS
 NODE_KEYS = ('node', 'level', 'clusters', 'samples') + SCALARS
-
-
-def validate_config(config) -> H.Options:
-  def need(cond, field, msg):
-    if not cond:
-      raise UserError(f'config.{field}: {msg}')
-  need(config.dataset in DATASETS, 'dataset', f'one of {DATASETS}, got {config.dataset!r}')
-  need(config.normalization in H.NORMALIZATIONS, 'normalization', f'one of {H.NORMALIZATIONS}')
-  need(config.normalization != 'source' or config.source_stats, 'source_stats',
-       "an .npz with `mean` and `std` is required for normalization='source'")
-  checks.fraction(config, 'sample_fraction', hi_open=False)
-  need(config.dataset != 'folder' or config.data_dir, 'data_dir', 'a folder of class sub-folders is required')
-  need(config.dataset != 'features' or config.features, 'features', 'an .npz path is required for dataset=features')
-  need(config.dataset != 'tfds' or config.tfds.name, 'tfds.name', 'a TFDS dataset name is required for dataset=tfds')
-  need(config.class_tree in ('', 'demo') or os.path.exists(config.class_tree), 'class_tree',
-       f'{config.class_tree}: class tree file not found')
-  checks.integer(config, 'bins', 1, 10**6)
-  checks.integer(config, 'min_class_size', 2, 10**9)
-  checks.integer(config, 'se_replicates', 0, 10**4)
-  checks.integer(config, 'pairwise_max_classes', 0, 10**5)
-  checks.integer(config, 'pairs.n_intra', 1, 10**9)
-  checks.integer(config, 'pairs.n_inter', 1, 10**9)
-  checks.integer(config, 'pairs.exhaustive_max', 1)
-  checks.number(config, 'pairs.max_seconds', 0, lo_open=True)
-  checks.integer(config, 'pairs.tile', 0, 2**16, note=' (0: the default)')
-  checks.integer(config, 'pairs.chunk_elems', 0, 2**34, note=' (0: the default)')
-  checks.integer(config, 'knn.k', 0, 10**4)
-  checks.integer(config, 'knn.queries', 0, 10**9, note=' (0: every sample)')
-  checks.integer(config, 'tree_min_children', 2, 10**6)
-  checks.integer(config, 'tfds.max_examples', 0, note=' (0: the whole split)')
-  checks.seed(config)
-  features_lib.check_fields(config)
-  checks.integer(config, 'demo.n_pairs', 8, 100_000)
-  checks.seed(config, 'demo.seed')
-  for f in ('shard', 'plots'):
-    checks.flag(config, f)
-  p = config.pairs
-  opts = H.Options(mode=p.mode, n_intra=p.n_intra, n_inter=p.n_inter, exhaustive_max=p.exhaustive_max,
-                   max_seconds=p.max_seconds, tile=p.tile, chunk_elems=p.chunk_elems, seed=config.seed,
-                   bins=config.bins, min_class_size=config.min_class_size, se_replicates=config.se_replicates,
-                   pairwise_max_classes=config.pairwise_max_classes)
-  opts.validate()
-  return opts
 
 
 def load_data(config, progress: bool = True):
@@ -78,21 +35,22 @@ def load_data(config, progress: bool = True):
   if config.dataset == 'features':
     feats, labels, names = classes_lib.load_feature_file(config.features)
     return feats, labels, names, {'features': os.path.abspath(config.features)}
-  backbone, layers = features_lib.build(config)
+  fo = features_lib.options(config)
+  backbone, layers = features_lib.build(fo)
   desc = features_lib.describe(backbone, layers)
   if config.dataset == 'tfds':
     t = config.tfds
     data = classes_lib.TfdsImages(t.name, t.split, t.data_dir or None, t.image_key, t.label_key, t.max_examples)
-    feats = features_lib.features_of(config, backbone, layers, data.items, tag=data.tag, progress=progress,
+    feats = features_lib.features_of(fo, backbone, layers, data.items, tag=data.tag, progress=progress,
                                      loader=data.load_batch, source_id=data.source_id)
-    return feats, data.labels(features_lib.cache_dir(config)), data.class_names, dict(desc, **data.source_id)
+    return feats, data.labels(fo.cache_dir), data.class_names, dict(desc, **data.source_id)
   if config.dataset == 'demo':
     data, tag = classes_lib.demo_labelled(config.demo.root or None, config.demo.n_pairs, config.demo.seed,
                                           config.get('cache_dir') or None), 'demo-classes'
   else:
     data = classes_lib.image_folder(config.data_dir)
     tag = 'classes-' + os.path.basename(os.path.normpath(config.data_dir))
-  feats = features_lib.features_of(config, backbone, layers, data.paths, tag=tag, progress=progress)
+  feats = features_lib.features_of(fo, backbone, layers, data.paths, tag=tag, progress=progress)
   root = os.path.abspath(config.data_dir) if config.dataset == 'folder' else os.path.dirname(data.paths[0])
   return feats, data.labels, data.class_names, dict(desc, images=len(data.paths), root=root,
                                                     empty_class_folders=data.empty_classes)

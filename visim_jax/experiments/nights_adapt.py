@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import checks, export, human_loss, ops, pca, report, runtime
+from visim_jax import checks, export, human_loss, memory, ops, pca, report, runtime
 from visim_jax import features as features_lib
 from visim_jax.data import human_demo, nights
 from visim_jax.errors import UserError
@@ -62,7 +62,8 @@ def validate_config(config) -> None:
   degenerate.check_n_boot(config.n_boot, 'config.n_boot')
   checks.seed(config)
   checks.seed(config, 'demo.seed')
-  features_lib.check_fields(config)
+  features_lib.options(config)  # the backbone fields parsed (checked) once here too
+  checks.data_source(config, {'nights': (('nights_dir', 'dir'),), 'demo': ()})
 
 
 def load_sets(config) -> tuple[dict, str]:
@@ -81,6 +82,28 @@ def _pca(feats, rows, dim: int):
   return p, pca.transform(p, feats)
 
 
+def memory_bytes(hp: human_loss.Hparams, n_images: int, feat_dim: int, pca_dim: int) -> dict[str, int]:
+  """What training holds at once (bytes, a lower bound), per part: every seed's parameters with Adam's two moments,
+  the gradient and the best copy; every seed embeds every image per step (forward, gradient, normalised copy);
+  the host-side epoch logs (4 per seed and epoch, with their checkpoint copy); the features (and their PCA)."""
+  f32 = memory.F32
+  in_dim = pca_dim if hp.model == 'adapter' else feat_dim
+  out = hp.adapt_dim if hp.model == 'adapter' else hp.embed_dim
+  return {'parameters': 5 * hp.seeds * (in_dim + 1) * out * f32,
+          'activations': 3 * hp.seeds * n_images * out * f32,
+          'epoch logs': 2 * len(human_loss.EpochLog._fields) * hp.seeds * hp.epochs * f32,
+          'features': n_images * (feat_dim + in_dim) * f32}
+
+
+def check_memory(hp: human_loss.Hparams, n_images: int, feat_dim: int, pca_dim: int) -> None:
+  width = 'config.adapt_dim' if hp.model == 'adapter' else 'config.embed_dim'
+  parts = memory_bytes(hp, n_images, feat_dim, pca_dim)
+  fields = ['config.epochs', 'config.seeds'] if parts['epoch logs'] > parts['parameters'] else \
+      ['config.seeds', width, 'config.epochs']
+  memory.check(parts, fields, f'seeds={hp.seeds}, epochs={hp.epochs}, {width[7:]}='
+               f'{hp.adapt_dim if hp.model == "adapter" else hp.embed_dim}, {n_images} images of {feat_dim} features')
+
+
 def _split(s, index) -> human_loss.Split:
   return human_loss.Split(*(jnp.asarray(r) for r in s.rows(index)), jnp.asarray(s.judge))
 
@@ -90,11 +113,13 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   hp = hparams_from_config(config)
   t0 = time.time()
   sets, root = load_sets(config)
-  backbone, layers = features_lib.build(config)
+  fo = features_lib.options(config)
+  backbone, layers = features_lib.build(fo)
   paths = list(dict.fromkeys(p for s in sets.values() for p in s.paths()))
+  check_memory(hp, len(paths), sum(backbone.layer_dims(layers).values()), int(config.pca_dim))  # before allocating
   runtime.say(f'NIGHTS {root}: ' + ', '.join(f'{k} {len(v)}' for k, v in sets.items()) +
               f' triplets, {len(paths)} images; features: {backbone.name} ({",".join(layers)})')
-  feats = np.asarray(features_lib.features_of(config, backbone, layers, paths, tag='nights', progress=progress),
+  feats = np.asarray(features_lib.features_of(fo, backbone, layers, paths, tag='nights', progress=progress),
                      np.float32)
   index = {p: i for i, p in enumerate(paths)}
   split = {k: _split(v, index) for k, v in sets.items()}

@@ -20,13 +20,16 @@ import os
 import time
 
 import ml_collections
+import numpy as np
 
 from visim_jax import features as features_lib
-from visim_jax import checks, runtime, simnet
+from visim_jax import checks, memory, runtime, simnet
 from visim_jax.errors import UserError
 from visim_jax.experiments import simnet_data, simnet_run
 
 MODES = ('warmup', 'classes', 'pairs')
+DATA_PATHS = {'tll': (('data_dir', 'dir'), ('subset', 'file')), 'folder': (('data_dir', 'dir'),), 'demo': (),
+              'features': (('features', 'file'),)}
 DATASETS = {'warmup': ('random',), 'classes': ('demo', 'folder', 'features'), 'pairs': ('tll', 'demo', 'features')}
 NOT_FINGERPRINTED = ('plots', 'checkpoint', 'checkpoint_every', 'log_every', 'q_tile', 'd_tile', 'score_dtype',
                      'retrieval', 'ks')
@@ -108,7 +111,7 @@ def validate_config(config) -> None:
   checks.seed(config)
   for f in ('normalize', 'decay_biases', 'checkpoint', 'plots'):
     checks.flag(config, f)
-  features_lib.check_fields(config)
+  features_lib.options(config)  # the backbone fields parsed (checked) once here too
   checks.integer(config, 'demo.n_pairs', 8, 100_000)
   checks.seed(config, 'demo.seed')
   if config.mode == 'warmup':
@@ -121,6 +124,12 @@ def validate_config(config) -> None:
       raise checks.fail('data_dir', f'a folder is required for dataset={config.dataset}', config.data_dir)
     if config.dataset == 'features' and not config.features:
       raise checks.fail('features', 'an .npz path is required for dataset=features', config.features)
+  checks.data_source(config, DATA_PATHS)
+  for f in ('retrieval.gt', 'retrieval.features'):
+    checks.input_path(config, f, 'dir' if os.path.isdir(checks.get(config, f)) else 'file')
+  for root in str(config.retrieval.roots).split(','):
+    if root.strip() and not os.path.isdir(root.strip()):
+      raise UserError(f'config.retrieval.roots: {root.strip()}: folder not found')
   if config.get('require_retrieval', False) and not (config.retrieval.roots or config.retrieval.gt):
     raise UserError('config.retrieval.roots: configs/simnet_oxford.py evaluates Oxford/Paris and none is given: '
                     'pass --config.retrieval.roots=DIR[,DIR] (revisitop layout: DIR/jpg/*.jpg + DIR/gnd_NAME.pkl) '
@@ -138,6 +147,26 @@ def validate_config(config) -> None:
     raise FileNotFoundError(f'config.init_from: {config.init_from} is not a checkpoints folder')
 
 
+def check_memory(config, d: dict) -> None:
+  """SimNet's training memory (bytes, a lower bound) against the device's, before allocating: the MLP on 2 x dim
+  inputs with Adam's moments and the gradient, a batch's activations, SimNet*'s all-vs-all hard set (labels and
+  one score tile), the loss history on host, the training features."""
+  f32, dim = memory.F32, int(d['dim'])
+  sizes = (2 * dim, *simnet.hidden_sizes(simnet_run.arch(config.architecture)), 1)
+  params = sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:]))
+  m = config.hard_set_size if config.mode != 'warmup' and config.refine_steps else 0
+  steps = config.warmup_steps + config.steps + config.refine_steps
+  train = d.get('train', {})
+  parts = {'parameters': 5 * params * f32, 'activations': 3 * config.batch_size * sum(sizes) * f32,
+           'hard set': m * m + config.q_tile * config.d_tile * sum(sizes[1:]) * f32 * bool(m),
+           'loss history': 2 * steps * f32,
+           'features': sum(np.asarray(v).nbytes for k, v in train.items() if k in ('a', 'b'))}
+  memory.check(parts, ['config.architecture', 'config.batch_size', 'config.hard_set_size', 'config.q_tile',
+                       'config.d_tile'],
+               f'architecture={config.architecture}, input 2 x {dim}, batch_size={config.batch_size}, '
+               f'hard_set_size={config.hard_set_size}')
+
+
 # ---------------------------------------------------------------------------------------------- the run
 
 def run(config, workdir: str, progress: bool = True) -> dict:
@@ -145,6 +174,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   validate_config(config)
   t0 = time.time()
   d = simnet_data.prepare(config, progress)
+  check_memory(config, d)
   recorded = features_lib.recorded_config(config, uses_backbone=config.mode != 'warmup'
                                           and config.dataset != 'features')
   fields = {k: v for k, v in recorded.items() if k not in NOT_FINGERPRINTED}

@@ -22,12 +22,13 @@ from visim_jax.errors import UserError
 def _extract(config, groups, progress, n_fit):
   """[(paths, names, tag)] -> feature arrays through the cache, and the description metrics.json records.
   config.pca_dim is checked against the feature size and the `n_fit` training vectors before extraction."""
-  backbone, layers = features_lib.build(config)
+  fo = features_lib.options(config)
+  backbone, layers = features_lib.build(fo)
   dim = sum(backbone.layer_dims(layers).values())
   if config.pca_dim > min(dim, n_fit):
     raise UserError(f'config.pca_dim: {config.pca_dim} exceeds min(feature dim {dim}, training vectors {n_fit}); '
                     f'use --config.pca_dim={min(dim, n_fit)} or less')
-  out = [features_lib.features_of(config, backbone, layers, p, n, tag, progress=progress) for p, n, tag in groups]
+  out = [features_lib.features_of(fo, backbone, layers, p, n, tag, progress=progress) for p, n, tag in groups]
   return out, features_lib.describe(backbone, layers)
 
 
@@ -178,12 +179,13 @@ def load_retrieval_sets(config, progress=True) -> list[dict]:
   """config.retrieval.roots -> [{'name', 'database', 'queries', 'gt'}]: R-MAC of every database image and of every
   query cropped to its box (data/retrieval.py folders), with the run's backbone, whitening and cache."""
   from visim_jax.data import retrieval as retrieval_data
-  backbone, _ = features_lib.build(config)
+  fo = features_lib.options(config)
+  backbone, _ = features_lib.build(fo)
   out = []
   for root in [r.strip() for r in config.retrieval.roots.split(',') if r.strip()]:
     ds = retrieval_data.load_retrieval_set(root)
-    db = features_lib.rmac_features(config, backbone, ds.image_paths, tag=f'{ds.name}-db', progress=progress)
-    q = features_lib.rmac_features(config, backbone, ds.query_paths, bboxes=ds.gt.bboxes, tag=f'{ds.name}-queries',
+    db = features_lib.rmac_features(fo, backbone, ds.image_paths, tag=f'{ds.name}-db', progress=progress)
+    q = features_lib.rmac_features(fo, backbone, ds.query_paths, bboxes=ds.gt.bboxes, tag=f'{ds.name}-queries',
                                    progress=progress)
     out.append({'name': ds.name, 'database': db, 'queries': q, 'gt': ds.gt})
   return out

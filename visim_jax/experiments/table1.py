@@ -22,7 +22,7 @@ import os
 
 import ml_collections
 
-from visim_jax import ops, paper_data, runtime
+from visim_jax import ops, paper_data, report, runtime
 from visim_jax import features as features_lib
 from visim_jax.errors import UserError
 from visim_jax.experiments import adapt
@@ -199,4 +199,5 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   runtime.say(f'\nTable 1 ({len(rows)} backbones) in {os.path.join(workdir, "table1.md")}\n\n{text}')
   summary = {'experiment': 'table1', 'backbones': specs, 'rows': rows}
   ops.atomic_write_text(os.path.join(workdir, 'table1.json'), json.dumps(summary, indent=1) + '\n')
+  report.write_config(workdir, config)  # the record last: another experiment is refused this workdir
   return summary

@@ -1,7 +1,7 @@
 """The CoSIS 2AFC experiment (paper 004) end to end: annotations -> features -> CS models -> ensembles -> report.
 
 Annotations (config.annotations): a CoSIS folder; '' = ../shared/data/cosis beside the checkout when present,
-else a small synthetic set in the CoSIS format (written into workdir/synthetic_cosis, labels from a hidden
+else a small synthetic set in the CoSIS format (written once under <cache_dir>/synthetic_cosis/, labels from a hidden
 metric of the stand-in features); 'synthetic' forces it. Features, keyed by image id (`val/715`): stand-in
 (seeded random vectors: on the real annotations out-of-sample accuracies are at chance, the run checks the
 pipeline), config.features (.npz) or config.image_dir (BG-20k, through the backbone and its feature cache).
@@ -21,49 +21,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import checks, ensembles, report, runtime
+from visim_jax import ensembles, ops, report, runtime
 from visim_jax import features as features_lib
 from visim_jax import triplets as cs
 from visim_jax.data import triplets as tdata
 from visim_jax.errors import UserError
-from visim_jax.metrics import degenerate, twoafc
+from visim_jax.experiments.twoafc_parse import check_memory, model_hparams, validate_config  # noqa: F401 (the gate)
+from visim_jax.metrics import twoafc
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED_COSIS = os.path.join(REPO, '..', 'shared', 'data', 'cosis')
-PCA_FITS = ('val', 'authors')
-
-
-def validate_config(config) -> None:
-  """Every field's type and range (visim_jax/checks.py), naming the field; main.py calls it before the workdir
-  is touched."""
-  if config.features and config.image_dir:
-    raise checks.fail('image_dir', 'set config.features or config.image_dir, not both', config.image_dir)
-  checks.integer(config, 'stand_in_dim', 2, 2**16)
-  checks.choice(config, 'model.split', tdata.SPLITS)
-  checks.fraction(config, 'model.train_fraction')
-  checks.integer(config, 'model.embed_dim', 1, 2**16)
-  checks.integer(config, 'model.hidden', 0, 2**16, note=' (0: a linear ranking block)')
-  checks.integer(config, 'model.steps', 1, 10**9)
-  checks.integer(config, 'model.chunk_steps', 1)
-  checks.integer(config, 'model.batch_size', 1, 2**20)
-  checks.number(config, 'model.triplet_weight', 0, 1e3)
-  checks.number(config, 'model.lr', 0, 10, lo_open=True)
-  checks.number(config, 'model.weight_decay', 0, 1)
-  checks.integer(config, 'ensemble.grid', 2, 10**4)
-  checks.integer(config, 'ensemble.window', 2, 10**4)
-  checks.number(config, 'ensemble.threshold', 0, 1)
-  checks.choice(config, 'ensemble.pca_fit', PCA_FITS)
-  for f in ('mlp_dim', 'mlp_hidden', 'mlp_batch'):
-    checks.integer(config, f'ensemble.{f}', 1, 2**16)
-  checks.integer(config, 'ensemble.mlp_epochs', 1, 10**7)
-  checks.integer(config, 'ensemble.mlp_seeds', 1, 10**4)
-  checks.number(config, 'ensemble.mlp_lr', 0, 10, lo_open=True)
-  checks.number(config, 'ensemble.mlp_alpha', 0, 1e3)
-  checks.integer(config, 'n_boot', 0, 10**6, note=' (0: no intervals)')
-  checks.fraction(config, 'ci_level')
-  degenerate.check_n_boot(config.n_boot, 'config.n_boot', 1 - config.ci_level)
-  checks.seed(config)
-  features_lib.check_fields(config)
 
 
 def annotations_dir(config, workdir: str) -> tuple[str, bool]:
@@ -72,8 +39,14 @@ def annotations_dir(config, workdir: str) -> tuple[str, bool]:
     if config.features or config.image_dir:
       raise UserError('config.annotations: the synthetic set only works with stand-in features; point '
                       'config.annotations at the CoSIS folder')
-    folder = os.path.join(workdir, 'synthetic_cosis')
-    return tdata.write_synthetic_cosis(folder, config.seed, config.stand_in_dim), True
+    # an input, not a result: generated once beside the feature cache (a refused run writes nothing in the workdir)
+    folder = os.path.join(features_lib.cache_dir(config.cache_dir), 'synthetic_cosis',
+                          f'seed{config.seed}_dim{config.stand_in_dim}')
+    done = os.path.join(folder, '.complete')
+    if not os.path.exists(done):
+      tdata.write_synthetic_cosis(folder, config.seed, config.stand_in_dim)
+      ops.atomic_write_bytes(done, b'')
+    return folder, True
   folder = a or SHARED_COSIS
   if not os.path.isdir(folder):
     raise UserError(f'config.annotations: folder {folder} not found')
@@ -98,8 +71,9 @@ def load_features(config, sets, folder: str, synthetic: bool, progress: bool = T
     names = tdata.read_filename_dict(os.path.join(folder, 'filename_dict.txt'))
     paths = tdata.resolve_images(all_triplets(sets), names, config.image_dir)  # every file checked first
     from visim_jax import features
-    backbone, layers = features.build(config)
-    feats = features.features_of(config, backbone, layers, [paths[k] for k in keys], keys, 'cosis', progress=progress)
+    fo = features.options(config)
+    backbone, layers = features.build(fo)
+    feats = features.features_of(fo, backbone, layers, [paths[k] for k in keys], keys, 'cosis', progress=progress)
     return feats, {k: i for i, k in enumerate(keys)}, {
         'kind': 'images', 'image_dir': os.path.abspath(config.image_dir), 'backbone': backbone.name,
         'weights_sha256': backbone.weights_id, 'layers': list(layers), 'dim': int(feats.shape[1])}
@@ -111,11 +85,6 @@ def load_features(config, sets, folder: str, synthetic: bool, progress: bool = T
                + ('On the synthetic annotations the labels follow a hidden metric of these vectors.' if synthetic
                   else 'On the real CoSIS annotations they say nothing about the images: out-of-sample accuracies '
                        'are at chance (see docs/twoafc.md); this run checks the pipeline, not the method.'))}
-
-
-def model_hparams(config) -> cs.Hparams:
-  fields = ('embed_dim', 'hidden', 'triplet_weight', 'normalize', 'lr', 'weight_decay', 'steps', 'batch_size', 'swap')
-  return cs.Hparams(**{f: config.model[f] for f in fields}, seed=config.seed)
 
 
 def train_models(run_: runtime.Run, config, feats, train_sets: cs.Batch, names) -> tuple:
@@ -168,6 +137,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   train_sets = cs.pad_sets(train_parts)
   fields = {'model': m.to_dict(), 'seed': config.seed, 'features': feat_desc, 'models': models}
   fp = runtime.fingerprint(fields, [feats] + [np.asarray(x) for x in train_sets])
+  check_memory(config, len(models), *feats.shape)
   with runtime.Run(workdir, config, fp, progress=progress, desc='context models') as run_:
     params, loss = train_models(run_, config, feats, train_sets, models)
     return evaluate(config, workdir, run_, folder, sets, feats, table, feat_desc, synthetic, splits, models, params,
