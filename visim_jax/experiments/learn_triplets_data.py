@@ -1,0 +1,120 @@
+"""The learn_triplets experiment's data: student features and train / held-out triplet index sets for each
+config.source (synthetic, a teacher over the demo photos or a folder, index files, THINGS choices, NIGHTS votes)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from visim_jax import ops, report, runtime, teacher_triplets, triplet_stream
+from visim_jax import features as features_lib
+from visim_jax.errors import UserError
+
+def _synthetic(config):
+  """(student feats (M, D), teacher feats (M, Dt), names): x ~ N(0, I) unit rows; the teacher sees x through
+  Dt orthonormal random directions weighted exp(0) .. exp(-4), t = (x Q) w: cosine on x agrees with it little
+  (~55% of odd-one-out choices), an affine head can learn it exactly."""
+  s = config.synthetic
+  rng = np.random.default_rng(s.seed)
+  x = rng.standard_normal((s.n_images, s.dim)).astype(np.float32)
+  x /= np.linalg.norm(x, axis=1, keepdims=True)
+  q, _ = np.linalg.qr(rng.standard_normal((s.dim, s.teacher_dim)))
+  t = (x @ q.astype(np.float32)) * np.exp(np.linspace(0, -4, s.teacher_dim)).astype(np.float32)
+  return x, t, [f'synthetic/{i}' for i in range(s.n_images)]
+
+
+def _images(config) -> list[str]:
+  from visim_jax.data import demo, images as images_lib
+  if config.source == 'folder':
+    return images_lib.list_images(config.image_dir)
+  root = demo.demo_pairs(config.demo.root or None, config.demo.n_pairs, config.demo.seed,
+                         cache_dir=config.get('cache_dir') or None)
+  return images_lib.list_images(os.path.join(root, 'left')) + images_lib.list_images(os.path.join(root, 'right'))
+
+
+def _teacher_features(config, paths, progress) -> tuple[np.ndarray, dict]:
+  """The teacher's pooled features (config.teacher.backbone / layers with the student's image_batch_size, dtype,
+  cache and backbone_kwargs.tiny; its own default weights)."""
+  t = config.teacher
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.backbone, c.layers = t.backbone, t.layers
+    c.backbone_kwargs.weights, c.backbone_kwargs.random_init = '', -1
+  fo = features_lib.options(c)
+  backbone, layers = features_lib.build(fo)
+  feats = features_lib.features_of(fo, backbone, layers, paths, tag='teacher', progress=progress)
+  return np.asarray(feats, np.float32), features_lib.describe(backbone, layers)
+
+
+def load_data(config, workdir: str, progress: bool = True):
+  """(student features (M, D), train TripletSet, val TripletSet, description) for config.source."""
+  trip = config.triplets
+  gen = dict(n_train=trip.n_train, n_val=trip.n_val, clusters=trip.clusters, sampling=trip.sampling,
+             val_fraction=float(trip.val_fraction), similarity=config.teacher.similarity,
+             kmeans_iters=trip.kmeans_iters, seed=config.seed)
+  if config.source == 'synthetic':
+    x, t, names = _synthetic(config)
+    train, val = _generate(t, names, gen, {'teacher': 'synthetic'})
+    return x, train, val, {'backbone': None, 'source': 'synthetic'}
+  fo = features_lib.options(config)
+  backbone, layers = features_lib.build(fo)
+  if config.source in ('things', 'nights'):
+    train, val = _human(config)
+    paths = train.images
+  elif config.source == 'files':
+    train = triplet_stream.load(config.train_file)
+    val = triplet_stream.load(config.val_file)
+    if train.images != val.images:
+      raise UserError(f'{config.val_file}: its image list differs from {config.train_file}\'s; both index files '
+                      'must index one image list')
+    if train.target_kind != val.target_kind:
+      raise UserError(f'{config.val_file}: holds {val.target_kind} targets, {config.train_file} {train.target_kind}')
+    from visim_jax.data.judgements import check_files
+    check_files(train.images, 'image')
+    paths = train.images
+  else:
+    paths = _images(config)
+    runtime.say(f'teacher {config.teacher.backbone}: labelling triplets over {len(paths)} images')
+    teach, tdesc = _teacher_features(config, paths, progress)
+    train, val = _generate(teach, paths, gen, {'teacher': tdesc})
+    _write_index_files(workdir, train, val)
+    if config.generate_only:
+      return None, train, val, None
+  runtime.say(f'student {backbone.name}: features of {len(paths)} images')
+  x = np.asarray(features_lib.features_of(fo, backbone, layers, paths, tag='triplets', progress=progress),
+                 np.float32)
+  return x, train, val, {**features_lib.describe(backbone, layers), 'source': config.source}
+
+
+def _write_index_files(workdir: str, train, val) -> None:
+  """<workdir>/triplets_{train,val}.npz (process 0); OS errors as one line."""
+  if not report.is_writer():
+    return
+  ops.check_writable_dir(workdir, 'workdir')
+  for name, s in (('train', train), ('val', val)):
+    path = os.path.join(workdir, f'triplets_{name}.npz')
+    try:
+      triplet_stream.save(path, s)
+    except OSError as e:
+      raise runtime.os_error(e, path, 'writing the triplet index file') from e
+
+
+def _human(config):
+  """(train, val) index sets of THINGS choices or NIGHTS votes (files checked by the loaders first)."""
+  if config.source == 'nights':
+    from visim_jax.data import nights
+    return triplet_stream.from_twoafc(nights.load(config.nights_dir, 'train', config.min_votes),
+                                      nights.load(config.nights_dir, 'val', config.min_votes))
+  from visim_jax.data import things
+  s = things.load(config.things_dir, config.things_file)
+  try:
+    return triplet_stream.from_odd_one_out(s, float(config.triplets.val_fraction), config.seed)
+  except ValueError as e:
+    raise UserError(f'config.triplets.val_fraction: {e}') from None
+
+
+def _generate(teacher, names, gen: dict, meta: dict):
+  try:
+    return teacher_triplets.generate(teacher, names, meta=meta, **gen)
+  except ValueError as e:   # too few images for the split / clusters for the sampling
+    raise UserError(f'config.triplets: {e}') from None

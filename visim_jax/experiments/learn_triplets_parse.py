@@ -1,0 +1,78 @@
+"""The learn_triplets experiment's gate: its config checked once (validate_config) and its training hyper-parameters
+(hparams_from_config), before anything is read or allocated."""
+from __future__ import annotations
+
+from visim_jax import checks, heads, odd_one_out, teacher_triplets
+from visim_jax import features as features_lib
+from visim_jax import triplet_training as tt
+
+SOURCES = ('demo', 'folder', 'files', 'synthetic', 'things', 'nights')
+LOSS_FOR_TARGET = {'similarities': ('jsd', 'kl', 'hard'), 'odd': ('hard',), 'judge': ('hinge',)}
+
+
+def hparams_from_config(config) -> tt.Hparams:
+  return tt.Hparams(head=config.head, size=config.size, loss=config.loss, similarity=config.similarity,
+                    tau=float(config.tau), target_tau=float(config.target_tau), margin=float(config.margin),
+                    lr=float(config.lr), warmup_steps=config.warmup, schedule=config.schedule,
+                    steps=config.steps, weight_decay=float(config.weight_decay), b1=float(config.b1),
+                    b2=float(config.b2), batch_size=config.batch_size, seed=config.seed, ties=config.ties)
+
+
+def validate_config(config) -> None:
+  checks.choice(config, 'source', SOURCES)
+  if config.source == 'folder' and not config.image_dir:
+    raise checks.fail('image_dir', 'a folder of images is required for source=folder', config.image_dir)
+  for src, fields in (('things', ('things_dir', 'things_file')), ('nights', ('nights_dir',))):
+    for f in fields:
+      if config.source == src and not checks.text(config, f):
+        raise checks.fail(f, f'required for source={src}', config.get(f))
+  checks.integer(config, 'min_votes', 0, 1000)
+  if config.source == 'files':
+    for f in ('train_file', 'val_file'):
+      if not checks.text(config, f):
+        raise checks.fail(f, 'an index file (.npz, triplet_stream.py format) is required for source=files',
+                          config.get(f))
+  checks.choice(config, 'head', heads.KINDS)
+  checks.choice(config, 'loss', odd_one_out.LOSSES)
+  checks.choice(config, 'similarity', odd_one_out.SIMILARITIES)
+  checks.choice(config, 'schedule', tt.SCHEDULES)
+  checks.choice(config, 'ties', ('lt', 'le', 'split'))
+  checks.integer(config, 'size', 1, 2**16)
+  checks.number(config, 'tau', 0, 1e6, lo_open=True)
+  checks.number(config, 'target_tau', 0, 1e6, lo_open=True)
+  checks.number(config, 'margin', 0, 2)
+  checks.number(config, 'lr', 0, 10, lo_open=True)
+  checks.integer(config, 'warmup', 0, 10**9)
+  checks.integer(config, 'steps', 1, 10**9)
+  checks.number(config, 'weight_decay', 0, 1e3)
+  checks.number(config, 'b1', 0, 1, hi_open=True)
+  checks.number(config, 'b2', 0, 1, hi_open=True)
+  checks.integer(config, 'batch_size', 1, 2**24)
+  checks.seed(config)
+  checks.integer(config, 'eval_every', 1, 10**9)
+  checks.integer(config, 'checkpoint_every', 1, 10**9)
+  if config.checkpoint_every % config.eval_every:
+    raise checks.fail('checkpoint_every', f'must be a multiple of config.eval_every ({config.eval_every}): '
+                      'checkpoints are taken at the end of an evaluation chunk', config.checkpoint_every)
+  checks.flag(config, 'checkpoint')
+  checks.flag(config, 'plots')
+  checks.flag(config, 'generate_only')
+  if config.generate_only and config.source not in ('demo', 'folder'):
+    raise checks.fail('generate_only', 'writes teacher triplets: only for source=demo or source=folder',
+                      config.generate_only)
+  checks.integer(config, 'triplets.n_train', 1, 10**10)
+  checks.integer(config, 'triplets.n_val', 1, 10**9)
+  checks.integer(config, 'triplets.clusters', 1, 10**6)
+  checks.integer(config, 'triplets.kmeans_iters', 0, 10**4)
+  checks.choice(config, 'triplets.sampling', teacher_triplets.SAMPLING)
+  checks.fraction(config, 'triplets.val_fraction')
+  checks.choice(config, 'teacher.similarity', odd_one_out.SIMILARITIES)
+  checks.text(config, 'teacher.backbone')
+  checks.text(config, 'teacher.layers')
+  checks.integer(config, 'synthetic.n_images', 6, 10**9)
+  checks.integer(config, 'synthetic.dim', 1, 2**16)
+  checks.integer(config, 'synthetic.teacher_dim', 1, config.synthetic.dim, note=' (at most synthetic.dim)')
+  checks.seed(config, 'synthetic.seed')
+  checks.integer(config, 'demo.n_pairs', 8, 10**5)
+  checks.seed(config, 'demo.seed')
+  features_lib.options(config)  # the backbone fields parsed (checked) once here too
