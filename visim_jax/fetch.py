@@ -87,8 +87,9 @@ def _dreamsim_folder(staging: str, src: sources.Source) -> str:
   return top
 
 
-def fetch_weights(name: str, progress: bool = True, keep: bool = False) -> str:
-  """Downloads, checks and converts NAME's public checkpoint (module docstring); the path the backbone reads."""
+def fetch_weights(name: str, progress: bool = True, keep: bool = False, tiny: bool = False) -> str:
+  """Downloads, checks and converts NAME's public checkpoint (module docstring); the path the backbone reads.
+  tiny: the checkpoint is of the family's tiny config (tests, as convert.convert's tiny)."""
   from visim_jax import ops  # pylint: disable=g-import-not-at-top
   from visim_jax.backbones import weights as weights_lib  # pylint: disable=g-import-not-at-top
   src = sources.WEIGHTS.get(name)
@@ -108,7 +109,7 @@ def fetch_weights(name: str, progress: bool = True, keep: bool = False) -> str:
     checkpoint = _dreamsim_folder(staging, src)
   else:
     checkpoint = os.path.join(staging, src.checkpoint or src.files[0].path)
-  info = convert.convert(name, checkpoint)
+  info = convert.convert(name, checkpoint, tiny=tiny)
   if not keep:
     shutil.rmtree(staging, ignore_errors=True)
   return info['out']
@@ -121,13 +122,13 @@ def check_layout(name: str, root: str) -> str:
   if name == 'nights':
     from visim_jax.data import nights  # pylint: disable=g-import-not-at-top
     folder = os.path.join(root, 'nights') if os.path.isfile(os.path.join(root, 'nights', 'data.csv')) else root
-    n = {s: len(nights.load(folder, s).names) for s in ('train', 'val', 'test')}
+    n = {s: len(nights.load(folder, s)) for s in ('train', 'val', 'test')}
     return f'nights: {folder} ({", ".join(f"{k} {v}" for k, v in n.items())} triplets with >= 6 votes)'
   if name in ('bapps', 'bapps_val'):
     from visim_jax.data import bapps  # pylint: disable=g-import-not-at-top
     splits = ('val',) if name == 'bapps_val' else ('train', 'val')
-    n = {f'2afc/{s}': sum(len(t.names) for t in bapps.load_2afc(root, s).values()) for s in splits}
-    n['jnd'] = sum(len(t.names) for t in bapps.load_jnd(root).values())
+    n = {f'2afc/{s}': sum(len(t) for t in bapps.load_2afc(root, s).values()) for s in splits}
+    n['jnd'] = sum(len(t) for t in bapps.load_jnd(root).values())
     return f'bapps: {root} ({", ".join(f"{k} {v}" for k, v in n.items())})'
   return f'{name}: {root}'
 
