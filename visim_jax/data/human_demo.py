@@ -10,10 +10,11 @@ with each other and with the simulated observer. So
     rows with votes 5 that DreamSim's filter drops. Splits: 24 train, 8 val, 16 test (8 is_imagenet True, 8
     False). 128 x 128 px.
   * BAPPS 2AFC: every published set (train: traditional, cnn, mix; val: traditional, cnn, superres, deblur,
-    color, frameinterp), 8 triplets each, 64 x 64 px, the set's family on one side; judge = fraction of 5
-    simulated judges (train sets: 2) preferring p1.
+    color, frameinterp), 8 triplets each, 64 x 64 px, the set's family on one side, closer calls (gaps
+    0.02..0.3, 2/3 across families); judge = fraction of 5 simulated judges (train sets: 2) preferring p1.
   * BAPPS JND: val/traditional and val/cnn, 12 pairs each: p1 = p0 rendered at a level in 0..0.5; same =
-    fraction of 3 judges calling them identical, falling with the level.
+    fraction of 3 judges calling them identical, falling with the level as the judges see it (the level times
+    a log-normal factor per pair: families differ in visibility).
   * THINGS: 16 photos x 2 views (two overlapping crops of one region, the second rendered at a level 0..0.8) =
     32 images; a triplet is the two views of one photo and one view of another, the other being the odd one.
     Both list forms over the same folder: DreamSim's `things_valset.txt` (names, the odd one third) and the OSF
@@ -38,13 +39,14 @@ from PIL import Image, ImageChops, ImageFilter
 from visim_jax import ops
 from visim_jax.data import bapps, demo
 
-HUMAN_DEMO_VERSION = 3
+HUMAN_DEMO_VERSION = 4
 NIGHTS_SIZE, BAPPS_SIZE, THINGS_SIZE = 128, 64, 128
 FAMILIES = ('blur', 'noise', 'colour', 'superres', 'shift')
 SET_FAMILY = {'traditional': 'noise', 'cnn': 'blur', 'mix': 'colour', 'superres': 'superres', 'deblur': 'blur',
               'color': 'colour', 'frameinterp': 'shift'}
 NIGHTS_SPLITS = (('train', 24), ('val', 8), ('test', 16))
 MILD_LEVELS, GAPS = (0.05, 0.55), (0.04, 0.45)   # per triplet: the milder rendering's level, the gap to the other
+BAPPS_GAPS = (0.02, 0.3)                         # BAPPS 2AFC: closer calls, 2/3 of them across families
 SHARPNESS = 14.0                                 # P(observer prefers the milder) = sigmoid(SHARPNESS * gap)
 DEMO_NOTE = ('demo data: mini NIGHTS / BAPPS / THINGS sets built from a few packaged photos with graded synthetic '
              'distortions and simulated judges (visim_jax/data/human_demo.py); the scores rank models on this toy '
@@ -89,15 +91,17 @@ def render(im: Image.Image, family: str, level: float, rng: np.random.RandomStat
   raise ValueError(f'unknown family {family!r}')
 
 
-def graded_pair(ref: Image.Image, rng: np.random.RandomState, family: str | None = None):
-  """(milder, stronger, P(observer prefers the milder)) renderings of `ref`: the milder level and the gap drawn per
-  call; half the time the two sides are of different families (`family`, if given, is on one of the sides)."""
+def graded_pair(ref: Image.Image, rng: np.random.RandomState, family: str | None = None, cross: float = 0.5,
+                gaps: tuple[float, float] = GAPS):
+  """(milder, stronger, P(observer prefers the milder)) renderings of `ref`: the milder level and the gap (in
+  `gaps`) drawn per call; with probability `cross` the two sides are of different families (`family`, if given,
+  is on one of the sides)."""
   fam_a = family or FAMILIES[rng.randint(len(FAMILIES))]
-  fam_b = fam_a if rng.randint(2) else FAMILIES[rng.randint(len(FAMILIES))]
+  fam_b = FAMILIES[rng.randint(len(FAMILIES))] if rng.uniform() < cross else fam_a
   if rng.randint(2):
     fam_a, fam_b = fam_b, fam_a
   mild = rng.uniform(*MILD_LEVELS)
-  gap = rng.uniform(*GAPS)
+  gap = rng.uniform(*gaps)
   p = 1.0 / (1.0 + np.exp(-SHARPNESS * gap))
   return render(ref, fam_a, mild, rng), render(ref, fam_b, mild + gap, rng), float(p)
 
@@ -155,7 +159,7 @@ def _bapps(folder: str, sources, rng) -> None:
       for i in range(8):
         ref, _ = _crop(sources[names[k % len(names)]], rng, BAPPS_SIZE)
         k += 1
-        light, heavy, p = graded_pair(ref, rng, SET_FAMILY[s])
+        light, heavy, p = graded_pair(ref, rng, SET_FAMILY[s], cross=2 / 3, gaps=BAPPS_GAPS)
         p1_light = bool(rng.randint(2))
         p0, p1 = (heavy, light) if p1_light else (light, heavy)
         j = round(p * n_judges) / n_judges            # fraction of the judges preferring the milder one
@@ -171,7 +175,8 @@ def _bapps(folder: str, sources, rng) -> None:
       k += 1
       level = rng.uniform(0.0, 0.5)
       p1 = render(p0, SET_FAMILY[s], level, rng)
-      same = round(3.0 / (1.0 + np.exp(25.0 * (level - 0.15)))) / 3.0   # 3 judges; fewer say "same" as it grows
+      seen = level * np.exp(rng.normal(0.0, 0.6))   # each family's visibility differs: the judges' level is noisy
+      same = round(3.0 / (1.0 + np.exp(25.0 * (seen - 0.15)))) / 3.0   # 3 judges; fewer say "same" as it grows
       n = f'{i:06d}'
       _save(p0, os.path.join(d, 'p0', n + '.png'))
       _save(p1, os.path.join(d, 'p1', n + '.png'))
