@@ -150,23 +150,24 @@ def _arch_of(params: dict) -> tuple[str, tuple]:
   return 'vgg', tuple(tuple(next(widths) for _ in block) for block in vgg_lib.BLOCKS)
 
 
-def as_unit_range(images, what: str = 'images') -> jax.Array:
+def as_unit_range(images, what: str = 'images', where: str = 'lpips') -> jax.Array:
   """float32 NHWC in [0, 1]: uint8 / 255; floats are checked (when concrete) and refused if clearly elsewhere."""
   if not hasattr(images, 'dtype'):
     images = np.asarray(images)
   if images.ndim != 4 or images.shape[-1] != 3:
-    raise UserError(f'lpips: {what} must be an NHWC batch with 3 colour channels, got shape {tuple(images.shape)}'
+    raise UserError(f'{where}: {what} must be an NHWC batch with 3 colour channels, got shape {tuple(images.shape)}'
                     + (' (NCHW? transpose to NHWC)' if images.ndim == 4 and images.shape[1] == 3 else ''))
   if images.dtype == np.uint8:
     return jnp.asarray(images, jnp.float32) / 255.0
   if not jnp.issubdtype(images.dtype, jnp.floating):
-    raise UserError(f'lpips: {what} must be uint8 (0..255) or float in [0, 1], got {images.dtype}')
+    raise UserError(f'{where}: {what} must be uint8 (0..255) or float in [0, 1], got {images.dtype}')
   if not isinstance(images, jax.core.Tracer) and images.size:
-    lo, hi = float(np.min(images)), float(np.max(images))
+    a = np.asarray(images)   # a concrete array, on the host (np.min of a jax Array inside a trace would trace)
+    lo, hi = float(a.min()), float(a.max())
     if lo < -RANGE_SLACK or hi > 1 + RANGE_SLACK:
       hint = ('they look like [-1, 1] (LPIPS\'s own convention): pass (x + 1) / 2' if lo < -RANGE_SLACK and hi <= 1.5
               else 'they look like 0..255: pass uint8 or x / 255')
-      raise UserError(f'lpips: {what} must be in [0, 1] (float) or uint8, got values in [{lo:.3g}, {hi:.3g}]; {hint}')
+      raise UserError(f'{where}: {what} must be in [0, 1] (float) or uint8, got values in [{lo:.3g}, {hi:.3g}]; {hint}')
   return jnp.asarray(images, jnp.float32)
 
 

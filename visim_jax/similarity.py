@@ -79,6 +79,9 @@ class Similarity:
   preprocess: Preprocess | None = None         # None: the protocol's resolution (LPIPS)
   feature_key: tuple = ()                      # models with the same key share one featurize() per image set
   symmetric: bool = True
+  backbone: Any = None                         # pooled-feature kinds: the Backbone, its layers and the row
+  layers: tuple = ()                           # transform after pooling (adapter, SimNet's L2), for the
+  transform: Callable | None = None            # Python API (visim_jax/api.py): images -> the rows `distance` takes
 
   def featurize(self, paths: Sequence[str], tag: str = 'images', protocol_preprocess: Preprocess | None = None):
     return self.featurizer(list(paths), tag, protocol_preprocess)
@@ -211,7 +214,8 @@ def _cosine(spec, target, option, opts):
   backbone, layers = _backbone_from(spec, name, layers, tiny=variant == 'tiny')
   ident = _backbone_identity(backbone, layers)
   return Similarity(spec, 'cosine', cosine_distance, None, _pooled_featurizer(backbone, layers, opts), ident,
-                    backbone.preprocess, ('pooled', json.dumps(ident, sort_keys=True)))
+                    backbone.preprocess, ('pooled', json.dumps(ident, sort_keys=True)), backbone=backbone,
+                    layers=layers)
 
 
 def _adapter(spec, target, option, opts):
@@ -243,7 +247,8 @@ def _adapter(spec, target, option, opts):
   transform = jax.jit(functools.partial(export.adapt_arrays, ad.mean, ad.components, ad.scale, ad.w))
   ident = {**_backbone_identity(backbone, layers), 'adapter_sha256': _file_sha(path)}
   return Similarity(spec, 'adapter', cosine_distance, None, _pooled_featurizer(backbone, layers, opts, transform),
-                    ident, backbone.preprocess, ('adapter', path, ident['adapter_sha256']))
+                    ident, backbone.preprocess, ('adapter', path, ident['adapter_sha256']), backbone=backbone,
+                    layers=layers, transform=transform)
 
 
 def _read_metrics(spec: str, workdir: str) -> dict:
@@ -297,7 +302,8 @@ def _simnet(spec, target, option, opts):
            'params_sha256': _tree_sha(params), 'normalize': normalize}
   return Similarity(spec, 'simnet', _simnet_distance, params, _pooled_featurizer(backbone, layers, opts, transform),
                     ident, backbone.preprocess, ('pooled', json.dumps(_backbone_identity(backbone, layers),
-                                                                      sort_keys=True), normalize), symmetric=False)
+                                                                      sort_keys=True), normalize), symmetric=False,
+                    backbone=backbone, layers=layers, transform=transform)
 
 
 def _tree_sha(tree) -> str:
@@ -343,7 +349,8 @@ def _context(spec, target, option, opts):
   ident = {**_backbone_identity(backbone, layers), 'context_workdir': os.path.abspath(target), 'model': choice,
            'params_sha256': _tree_sha(params)}
   return Similarity(spec, 'context', _context_distance, params, _pooled_featurizer(backbone, layers, opts), ident,
-                    backbone.preprocess, ('pooled', json.dumps(_backbone_identity(backbone, layers), sort_keys=True)))
+                    backbone.preprocess, ('pooled', json.dumps(_backbone_identity(backbone, layers), sort_keys=True)),
+                    backbone=backbone, layers=layers)
 
 
 def _dot_distance(params, f0, f1):

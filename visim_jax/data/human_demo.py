@@ -1,21 +1,27 @@
 """Mini NIGHTS, BAPPS (2AFC + JND) and THINGS sets in the exact published layouts, from packaged photos only.
 
-Every human answer is known by construction: an image and a *light* rendering of it (a 0.7 px blur, noise of
-sigma 3, a small hue turn (a level shift on grey photos), a 1 px shift...) look alike; a *heavy* rendering of the same family (a 5 px blur,
-sigma 40 noise, a large hue turn, a x6 down-up sampling, a 12 px shift) does not. So
-  * NIGHTS: ref = a photo crop, left/right = its light and heavy renderings (side drawn at random);
-    right_vote = 1 when the right one is the light one; votes 6..10, plus 4 rows with votes 5 that DreamSim's
-    filter drops. Splits: 24 train, 8 val, 16 test (8 is_imagenet True, 8 False). 128 x 128 px.
+Graded distortions, so that models differ: a rendering has a family (blur, noise, colour turn, down-up sampling,
+shift) and a level in [0, 1] (`render`); the simulated observer prefers the milder rendering (lower level) with
+probability sigmoid(14 x level gap). Each triplet draws its own milder level (0.05..0.55) and gap (0.04..0.45),
+and half of them compare two *different* families (a blur against noise, ...): the cases where networks disagree
+with each other and with the simulated observer. So
+  * NIGHTS: ref = a photo crop, left/right = its milder and stronger renderings (side drawn at random);
+    right_vote = 1 when the right one is the milder (NIGHTS's filtered rows are unanimous); votes 6..10, plus 4
+    rows with votes 5 that DreamSim's filter drops. Splits: 24 train, 8 val, 16 test (8 is_imagenet True, 8
+    False). 128 x 128 px.
   * BAPPS 2AFC: every published set (train: traditional, cnn, mix; val: traditional, cnn, superres, deblur,
-    color, frameinterp), 8 triplets each, 64 x 64 px; judge = fraction preferring p1: 0.8 or 1.0 when p1 is
-    the light one, 0.0 or 0.2 when p0 is (train sets: 2 judges, so 1.0 / 0.0).
-  * BAPPS JND: val/traditional and val/cnn, 12 pairs each: p1 = p0 lightly rendered (same = 2/3 or 1) or heavily
-    rendered (same = 0 or 1/3).
-  * THINGS: 16 photos x 2 views (two overlapping crops of one region) = 32 images; a triplet is the two views
-    of one photo and one view of another, the other being the odd one. Both list forms over the same folder:
-    DreamSim's `things_valset.txt` (names, the odd one third) and the OSF table
-    `triplets_large_final_correctednc_correctedorder.csv` (tab-separated, 1-based indices into the sorted
+    color, frameinterp), 8 triplets each, 64 x 64 px, the set's family on one side, closer calls (gaps
+    0.02..0.3, 2/3 across families); judge = fraction of 5 simulated judges (train sets: 2) preferring p1.
+  * BAPPS JND: val/traditional and val/cnn, 12 pairs each: p1 = p0 rendered at a level in 0..0.5; same =
+    fraction of 3 judges calling them identical, falling with the level as the judges see it (the level times
+    a log-normal factor per pair: families differ in visibility).
+  * THINGS: 16 photos x 2 views (two overlapping crops of one region, the second rendered at a level 0..0.8) =
+    32 images; a triplet is the two views of one photo and one view of another, the other being the odd one.
+    Both list forms over the same folder: DreamSim's `things_valset.txt` (names, the odd one third) and the OSF
+    table `triplets_large_final_correctednc_correctedorder.csv` (tab-separated, 1-based indices into the sorted
     image list, `choice` = 1-based column of the odd one, drawn at random) with `unique_id.txt` (names in order).
+These are simulated judgements on a few dozen triplets: the numbers rank models on this toy set only and are not
+comparable with the published ones (`DEMO_NOTE`, which the demo configs print).
 
 `demo_sets(root, seed, cache_dir)` writes the four folders once (data/demo.py's write_once: same seed, same
 bytes; same root rules as the pairs demo) and returns a `HumanDemo` of their paths.
@@ -33,12 +39,19 @@ from PIL import Image, ImageChops, ImageFilter
 from visim_jax import ops
 from visim_jax.data import bapps, demo
 
-HUMAN_DEMO_VERSION = 2
+HUMAN_DEMO_VERSION = 4
 NIGHTS_SIZE, BAPPS_SIZE, THINGS_SIZE = 128, 64, 128
 FAMILIES = ('blur', 'noise', 'colour', 'superres', 'shift')
 SET_FAMILY = {'traditional': 'noise', 'cnn': 'blur', 'mix': 'colour', 'superres': 'superres', 'deblur': 'blur',
               'color': 'colour', 'frameinterp': 'shift'}
 NIGHTS_SPLITS = (('train', 24), ('val', 8), ('test', 16))
+MILD_LEVELS, GAPS = (0.05, 0.55), (0.04, 0.45)   # per triplet: the milder rendering's level, the gap to the other
+BAPPS_GAPS = (0.02, 0.3)                         # BAPPS 2AFC: closer calls, 2/3 of them across families
+SHARPNESS = 14.0                                 # P(observer prefers the milder) = sigmoid(SHARPNESS * gap)
+DEMO_NOTE = ('demo data: mini NIGHTS / BAPPS / THINGS sets built from a few packaged photos with graded synthetic '
+             'distortions and simulated judges (visim_jax/data/human_demo.py); the scores rank models on this toy '
+             'set only and are NOT comparable with published numbers (DreamSim, LPIPS, THINGS), which need the real '
+             'data: python -m visim_jax.fetch nights|bapps --root=DIR')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,30 +65,45 @@ class HumanDemo:
   things_names: str
 
 
-def render(im: Image.Image, family: str, heavy: bool, rng: np.random.RandomState) -> Image.Image:
-  """A light or heavy rendering of `im` (same size) in one distortion family."""
+def render(im: Image.Image, family: str, level: float, rng: np.random.RandomState) -> Image.Image:
+  """`im` (same size) distorted in one family at `level` in [0, 1] (0: barely visible, 1: strong)."""
   w, h = im.size
+  level = float(np.clip(level, 0.0, 1.0))
   if family == 'blur':
-    return im.filter(ImageFilter.GaussianBlur(radius=5.0 if heavy else 0.7))
+    return im.filter(ImageFilter.GaussianBlur(radius=0.3 + 5.0 * level))
   if family == 'noise':
-    sigma = 40.0 if heavy else 3.0
-    x = np.asarray(im, np.float32) + rng.normal(0.0, sigma, (h, w, 3))
+    x = np.asarray(im, np.float32) + rng.normal(0.0, 1.0 + 50.0 * level, (h, w, 3))
     return Image.fromarray(np.clip(np.rint(x), 0, 255).astype(np.uint8))
   if family == 'colour':
     rgb = np.asarray(im)
     if (rgb.max(-1) == rgb.min(-1)).all():  # a grey photo has no hue to turn: shift its levels instead
-      return Image.fromarray(np.clip(rgb.astype(int) + (90 if heavy else 4), 0, 255).astype(np.uint8))
+      return Image.fromarray(np.clip(rgb.astype(int) + int(round(2 + 90 * level)), 0, 255).astype(np.uint8))
     hsv = np.asarray(im.convert('HSV')).copy()
-    hsv[..., 0] = (hsv[..., 0].astype(int) + (96 if heavy else 4)) % 256
+    hsv[..., 0] = (hsv[..., 0].astype(int) + int(round(2 + 110 * level))) % 256
     return Image.fromarray(hsv, 'HSV').convert('RGB')
   if family == 'superres':
-    f = 6.0 if heavy else 1.25
+    f = 1.1 + 6.0 * level
     small = im.resize((max(2, int(w / f)), max(2, int(h / f))), Image.Resampling.BILINEAR)
-    return small.resize((w, h), Image.Resampling.NEAREST if heavy else Image.Resampling.BICUBIC)
+    return small.resize((w, h), Image.Resampling.NEAREST if level > 0.5 else Image.Resampling.BICUBIC)
   if family == 'shift':
-    s = max(2, w // 5) if heavy else 1
+    s = max(1, int(round(level * w / 4)))
     return ImageChops.offset(im, s, s // 2)
   raise ValueError(f'unknown family {family!r}')
+
+
+def graded_pair(ref: Image.Image, rng: np.random.RandomState, family: str | None = None, cross: float = 0.5,
+                gaps: tuple[float, float] = GAPS):
+  """(milder, stronger, P(observer prefers the milder)) renderings of `ref`: the milder level and the gap (in
+  `gaps`) drawn per call; with probability `cross` the two sides are of different families (`family`, if given,
+  is on one of the sides)."""
+  fam_a = family or FAMILIES[rng.randint(len(FAMILIES))]
+  fam_b = FAMILIES[rng.randint(len(FAMILIES))] if rng.uniform() < cross else fam_a
+  if rng.randint(2):
+    fam_a, fam_b = fam_b, fam_a
+  mild = rng.uniform(*MILD_LEVELS)
+  gap = rng.uniform(*gaps)
+  p = 1.0 / (1.0 + np.exp(-SHARPNESS * gap))
+  return render(ref, fam_a, mild, rng), render(ref, fam_b, mild + gap, rng), float(p)
 
 
 def _crop(im: Image.Image, rng: np.random.RandomState, size: int, box=None) -> tuple[Image.Image, tuple]:
@@ -106,8 +134,7 @@ def _nights(folder: str, sources, rng) -> None:
   for k, (split, i) in enumerate(plan):
     src = names[k % len(names)]
     ref, _ = _crop(sources[src], rng, NIGHTS_SIZE)
-    family = FAMILIES[rng.randint(len(FAMILIES))]
-    light, heavy = render(ref, family, False, rng), render(ref, family, True, rng)
+    light, heavy, _ = graded_pair(ref, rng)
     right_light = bool(rng.randint(2))
     left, right = (heavy, light) if right_light else (light, heavy)
     d, n = f'{k // 1000:03d}', f'{k % 1000:03d}'
@@ -126,16 +153,16 @@ def _bapps(folder: str, sources, rng) -> None:
   names = sorted(sources)
   k = 0
   for split, sets in bapps.TWOAFC_SETS.items():
-    judges = (0.8, 1.0) if split == 'val' else (1.0,)
+    n_judges = 5 if split == 'val' else 2
     for s in sets:
       d = os.path.join(folder, '2afc', split, s)
       for i in range(8):
         ref, _ = _crop(sources[names[k % len(names)]], rng, BAPPS_SIZE)
         k += 1
-        light, heavy = render(ref, SET_FAMILY[s], False, rng), render(ref, SET_FAMILY[s], True, rng)
+        light, heavy, p = graded_pair(ref, rng, SET_FAMILY[s], cross=2 / 3, gaps=BAPPS_GAPS)
         p1_light = bool(rng.randint(2))
         p0, p1 = (heavy, light) if p1_light else (light, heavy)
-        j = judges[rng.randint(len(judges))]
+        j = round(p * n_judges) / n_judges            # fraction of the judges preferring the milder one
         n = f'{i:06d}'
         for im, part in ((ref, 'ref'), (p0, 'p0'), (p1, 'p1')):
           _save(im, os.path.join(d, part, n + '.png'))
@@ -146,9 +173,10 @@ def _bapps(folder: str, sources, rng) -> None:
     for i in range(12):
       p0, _ = _crop(sources[names[k % len(names)]], rng, BAPPS_SIZE)
       k += 1
-      tiny = i % 2 == 0
-      p1 = render(p0, SET_FAMILY[s], not tiny, rng)
-      same = (2 / 3, 1.0)[rng.randint(2)] if tiny else (0.0, 1 / 3)[rng.randint(2)]
+      level = rng.uniform(0.0, 0.5)
+      p1 = render(p0, SET_FAMILY[s], level, rng)
+      seen = level * np.exp(rng.normal(0.0, 0.6))   # each family's visibility differs: the judges' level is noisy
+      same = round(3.0 / (1.0 + np.exp(25.0 * (seen - 0.15)))) / 3.0   # 3 judges; fewer say "same" as it grows
       n = f'{i:06d}'
       _save(p0, os.path.join(d, 'p0', n + '.png'))
       _save(p1, os.path.join(d, 'p1', n + '.png'))
@@ -163,6 +191,7 @@ def _things(folder: str, sources, rng) -> None:
   for src in names:
     a, box = _crop(sources[src], rng, THINGS_SIZE)
     b, _ = _crop(sources[src], rng, THINGS_SIZE, demo._jitter(sources[src], box, rng))
+    b = render(b, FAMILIES[rng.randint(len(FAMILIES))], rng.uniform(0.0, 0.8), rng)
     views[src] = (f'{src}_1', f'{src}_2')
     _save(a, os.path.join(img_dir, f'{src}_1.png'))
     _save(b, os.path.join(img_dir, f'{src}_2.png'))

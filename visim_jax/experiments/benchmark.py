@@ -111,6 +111,7 @@ def with_demo(config):
   from visim_jax import features
   from visim_jax.data import human_demo
   d = human_demo.demo_sets(config.demo.root or None, config.demo.seed, features.cache_dir(config.cache_dir))
+  runtime.say(human_demo.DEMO_NOTE)
   config = config.copy_and_resolve_references()
   with config.unlocked():
     if not config.nights_dir:

@@ -72,6 +72,7 @@ def load_sets(config) -> tuple[dict, str]:
   if config.dataset == 'demo':
     root = human_demo.demo_sets(config.demo.root or None, config.demo.seed,
                                 cache_dir=config.get('cache_dir') or None).nights
+    runtime.say(human_demo.DEMO_NOTE)
   return {s: nights.load(root, s, config.min_votes) for s in ('train',) + EVAL_SPLITS}, root
 
 

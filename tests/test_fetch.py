@@ -1,0 +1,314 @@
+"""Weights and data in one call (visim_jax/download.py, fetch.py) on real HTTP transport: a server on 127.0.0.1
+serves fabricated files at each source's exact URL path (VISIM_FETCH_BASE_URL points every request at it)."""
+import dataclasses
+import hashlib
+import http.server
+import io
+import json
+import os
+import tarfile
+import threading
+import urllib.parse
+import zipfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from visim_jax import download, fetch, sources
+from visim_jax.errors import UserError
+
+
+class Server:
+  """{url path: bytes} served over HTTP with Range support; `modes[path]`: 'truncate' (half the body, then the
+  connection closes; every request), 'truncate_once', 'no_range' (Range ignored: 200 and the whole body)."""
+
+  def __init__(self):
+    self.files, self.modes, self.requests = {}, {}, []
+    server = self
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+      def log_message(self, *args):
+        pass
+
+      def do_GET(self):  # pylint: disable=invalid-name
+        path = urllib.parse.urlsplit(self.path).path
+        server.requests.append((path, self.headers.get('Range')))
+        body = server.files.get(path)
+        if body is None:
+          self.send_error(404)
+          return
+        mode = server.modes.get(path, '')
+        start = 0
+        rng = self.headers.get('Range')
+        if rng and mode != 'no_range':
+          start = int(rng.split('=')[1].split('-')[0])
+          if start >= len(body):
+            self.send_error(416)
+            return
+          self.send_response(206)
+          self.send_header('Content-Range', f'bytes {start}-{len(body) - 1}/{len(body)}')
+        else:
+          self.send_response(200)
+        rest = body[start:]
+        self.send_header('Content-Length', str(len(rest)))
+        self.end_headers()
+        if mode in ('truncate', 'truncate_once'):
+          if mode == 'truncate_once':
+            server.modes[path] = ''
+          self.wfile.write(rest[:len(rest) // 2])
+          self.wfile.flush()
+          self.close_connection = True
+          return
+        self.wfile.write(rest)
+
+    self.httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    self.base = f'http://127.0.0.1:{self.httpd.server_address[1]}'
+    self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+
+  def put(self, url: str, body: bytes, mode: str = '') -> str:
+    """Serves `body` where `url` (a real source URL) lands under VISIM_FETCH_BASE_URL; its sha256."""
+    u = urllib.parse.urlsplit(url)
+    self.files[f'/{u.netloc}{u.path}'] = body
+    if mode:
+      self.modes[f'/{u.netloc}{u.path}'] = mode
+    return hashlib.sha256(body).hexdigest()
+
+
+@pytest.fixture
+def server(monkeypatch, tmp_path):
+  s = Server()
+  s.thread.start()
+  monkeypatch.setenv(download.BASE_URL_ENV, s.base)
+  monkeypatch.setenv('VISIM_JAX_WEIGHTS', str(tmp_path / 'weights'))
+  monkeypatch.setenv('VISIM_JAX_PACKAGED_WEIGHTS', '0')
+  for k in ('VISIM_OFFLINE', 'HF_HUB_OFFLINE'):
+    monkeypatch.delenv(k, raising=False)
+  yield s
+  s.httpd.shutdown()
+  s.httpd.server_close()
+  s.thread.join(5)
+
+
+URL = 'https://example.org/models/file-0123abcd.bin'
+BODY = bytes(range(256)) * 400   # 100 kB
+
+
+def test_success_checksum_and_no_part_left(server, tmp_path):
+  digest = server.put(URL, BODY)
+  dest = str(tmp_path / 'd' / 'file.bin')
+  assert download.download(URL, dest, digest, len(BODY), progress=False) == dest
+  assert open(dest, 'rb').read() == BODY and not os.path.exists(dest + '.part')
+  assert server.requests == [('/example.org/models/file-0123abcd.bin', None)]
+  download.download(URL, dest, digest[:8], progress=False)   # a hash prefix (torch hub names); present: no request
+  assert len(server.requests) == 1
+
+
+def test_404_and_wrong_checksum_leave_nothing(server, tmp_path):
+  dest = str(tmp_path / 'file.bin')
+  with pytest.raises(UserError, match='HTTP 404'):
+    download.download(URL, dest, progress=False)
+  server.put(URL, BODY)
+  with pytest.raises(UserError, match='sha256 .* is not the published'):
+    download.download(URL, dest, '0' * 64, progress=False)
+  with pytest.raises(UserError, match='bytes received, 5 published'):
+    download.download(URL, dest, None, 5, progress=False)
+  assert os.listdir(tmp_path) == []
+
+
+def test_truncated_body_is_kept_as_part_and_resumed_with_range(server, tmp_path):
+  digest = server.put(URL, BODY, 'truncate')
+  dest = str(tmp_path / 'file.bin')
+  with pytest.raises(UserError, match='cut short.*run the same command again to resume'):
+    download.download(URL, dest, digest, retries=0, progress=False)
+  assert not os.path.exists(dest) and os.path.getsize(dest + '.part') == len(BODY) // 2
+  server.modes.clear()
+  download.download(URL, dest, digest, progress=False)
+  assert open(dest, 'rb').read() == BODY and not os.path.exists(dest + '.part')
+  assert server.requests[-1][1] == f'bytes={len(BODY) // 2}-'
+
+
+def test_interrupted_transfer_resumes_in_the_same_call(server, tmp_path):
+  digest = server.put(URL, BODY, 'truncate_once')
+  dest = str(tmp_path / 'file.bin')
+  download.download(URL, dest, digest, progress=False)
+  assert open(dest, 'rb').read() == BODY
+  assert [r for _, r in server.requests] == [None, f'bytes={len(BODY) // 2}-']
+
+
+def test_server_ignoring_range_restarts_cleanly(server, tmp_path):
+  digest = server.put(URL, BODY, 'no_range')
+  dest = str(tmp_path / 'file.bin')
+  with open(dest + '.part', 'wb') as f:
+    f.write(b'stale bytes')
+  download.download(URL, dest, digest, progress=False)
+  assert open(dest, 'rb').read() == BODY
+
+
+@pytest.mark.parametrize('var', ['VISIM_OFFLINE', 'HF_HUB_OFFLINE'])
+def test_offline_never_touches_the_network(server, tmp_path, monkeypatch, var):
+  server.put(URL, BODY)
+  monkeypatch.setenv(var, '1')
+  with pytest.raises(UserError, match='network is off.*python -m visim_jax.fetch NAME'):
+    download.download(URL, str(tmp_path / 'f.bin'), what='python -m visim_jax.fetch NAME', progress=False)
+  with pytest.raises(UserError, match=r'resnet18: weights not on this machine.*`python -m visim_jax.fetch resnet18`'):
+    fetch.fetch('resnet18')
+  assert server.requests == []
+
+
+def _tar(members: dict, links=()) -> bytes:
+  buf = io.BytesIO()
+  with tarfile.open(fileobj=buf, mode='w:gz') as tf:
+    for name, data in members.items():
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      tf.addfile(info, io.BytesIO(data))
+    for name, target in links:
+      info = tarfile.TarInfo(name)
+      info.type, info.linkname = tarfile.SYMTYPE, target
+      tf.addfile(info)
+  return buf.getvalue()
+
+
+def _zip(members: dict) -> bytes:
+  buf = io.BytesIO()
+  with zipfile.ZipFile(buf, 'w') as z:
+    for name, data in members.items():
+      z.writestr(name, data)
+  return buf.getvalue()
+
+
+@pytest.mark.parametrize('archive', [
+    ('a.tar.gz', _tar({'ok.txt': b'1', '../evil.txt': b'x'})),
+    ('a.tar.gz', _tar({'ok.txt': b'1'}, links=[('link', '/etc/passwd')])),
+    ('a.zip', _zip({'ok.txt': b'1', '/abs/evil.txt': b'x'})),
+    ('a.zip', _zip({'ok.txt': b'1', 'd/../../evil.txt': b'x'}))])
+def test_archive_members_escaping_the_root_are_refused(tmp_path, archive):
+  name, data = archive
+  path = tmp_path / name
+  path.write_bytes(data)
+  with pytest.raises(UserError, match='refused'):
+    download.unpack(str(path), str(tmp_path / 'root'))
+  assert not (tmp_path / 'evil.txt').exists() and not (tmp_path / 'root' / 'ok.txt').exists()
+
+
+def _png(seed: int) -> bytes:
+  buf = io.BytesIO()
+  Image.fromarray(np.random.default_rng(seed).integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(buf, 'PNG')
+  return buf.getvalue()
+
+
+def _npy(v: float) -> bytes:
+  buf = io.BytesIO()
+  np.save(buf, np.asarray([v], np.float32))
+  return buf.getvalue()
+
+
+def test_bapps_val_fetched_unpacked_and_read_by_the_loader(server, tmp_path):
+  from visim_jax.data import bapps
+  twoafc = {f'val/{s}/{p}/000.png': _png(i) for i, s in enumerate(bapps.TWOAFC_SETS['val']) for p in ('ref', 'p0', 'p1')}
+  twoafc.update({f'val/{s}/judge/000.npy': _npy(0.4) for s in bapps.TWOAFC_SETS['val']})
+  jnd = {f'jnd/val/{s}/{p}/000.png': _png(7) for s in bapps.JND_SETS for p in ('p0', 'p1')}
+  jnd.update({f'jnd/val/{s}/same/000.npy': _npy(1 / 3) for s in bapps.JND_SETS})
+  files = sources.DATA['bapps_val'].files
+  server.put(files[0].url, _tar(jnd))
+  server.put(files[1].url, _tar(twoafc))
+  root = str(tmp_path / 'bapps')
+  line = fetch.fetch('bapps_val', root, progress=False)
+  assert line == f'bapps: {root} (2afc/val 6, jnd 2)'
+  assert bapps.load_2afc(root, 'val')['cnn'].judge.tolist() == pytest.approx([0.4])
+  assert not os.listdir(os.path.join(root, '.downloads'))   # archives deleted once unpacked
+  n = len(server.requests)
+  assert fetch.fetch('bapps_val', root, progress=False) == line and len(server.requests) == n   # done: no request
+
+
+def test_nights_and_the_sets_without_a_url(server, tmp_path):
+  header = 'id,left_vote,right_vote,votes,ref_path,left_path,right_path,split,is_imagenet\n'
+  rows = ''.join(f'{i},0.0,1.0,6,ref/000/000.png,distort/000/000_0.png,distort/000/000_1.png,{s},True\n'
+                 for i, s in enumerate(('train', 'val', 'test')))
+  members = {'nights/data.csv': (header + rows).encode(), 'nights/ref/000/000.png': _png(1),
+             'nights/distort/000/000_0.png': _png(2), 'nights/distort/000/000_1.png': _png(3)}
+  server.put(sources.DATA['nights'].files[0].url, _zip(members))
+  root = str(tmp_path / 'data')
+  assert fetch.fetch('nights', root, progress=False) == (
+      f'nights: {root}/nights (train 1, val 1, test 1 triplets with >= 6 votes)')
+  for name in ('things', 'tll'):
+    with pytest.raises(UserError, match=f'^{name}: .* no public direct'):
+      fetch.fetch(name, root)
+  with pytest.raises(UserError, match='--root'):
+    fetch.fetch('nights')
+
+
+def test_weights_converted_once_through_the_existing_converter(server, tmp_path, monkeypatch):
+  """alexnet: a full-size torchvision state dict at torchvision's URL -> convert.py -> the weights folder + sidecar."""
+  torch = pytest.importorskip('torch')
+  from test_convert import _alexnet_sd
+  from visim_jax.backbones import get_backbone, weights
+  buf = io.BytesIO()
+  torch.save(_alexnet_sd(), buf)
+  src = sources.WEIGHTS['alexnet']
+  digest = server.put(src.files[0].url, buf.getvalue())
+  monkeypatch.setitem(sources.WEIGHTS, 'alexnet', dataclasses.replace(
+      src, files=(dataclasses.replace(src.files[0], sha256=digest),)))   # the fabricated file's digest
+  line = fetch.fetch('alexnet', progress=False)
+  out = str(tmp_path / 'weights' / 'alexnet.safetensors')
+  assert line == f'alexnet: {out}'
+  info = json.load(open(out + '.json'))
+  assert info['source_sha256'] == digest and info['sha256'] == weights.check_sidecar(out)
+  assert not os.path.exists(os.path.join(str(tmp_path / 'weights'), '.downloads', 'alexnet'))
+  assert get_backbone('alexnet').weights_id == info['sha256']
+  n = len(server.requests)
+  assert fetch.fetch('alexnet').startswith('alexnet: already here') and len(server.requests) == n
+  monkeypatch.setenv('VISIM_OFFLINE', '1')   # offline afterwards
+  assert get_backbone('alexnet').weights_id == info['sha256']
+
+
+def test_dreamsim_release_zip_and_hub_file_converted(server, tmp_path):
+  """DreamSim: the release zip (LoRA folder + CLIP / OpenCLIP bases) and torch hub's DINO file -> one safetensors."""
+  pytest.importorskip('torch')
+  from test_backbones_dreamsim import RefDreamSim
+  from visim_jax.backbones import dreamsim, get_backbone
+  folder = tmp_path / 'cache_dir'
+  RefDreamSim('dreamsim_ensemble', 4, 2.0, seed=3).write_cache_dir(folder, 'dreamsim_ensemble', 8, 4, 'safetensors')
+  src = sources.WEIGHTS['dreamsim_ensemble']
+  hub = dreamsim.BASE_FILES['dino_vitb16'][0]
+  members = {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob('*') if p.is_file()}
+  server.put(src.files[1].url, members.pop(hub))
+  server.put(src.files[0].url, _zip(members))
+  out = fetch.fetch_weights('dreamsim_ensemble', progress=False, tiny=True)
+  assert out == str(tmp_path / 'weights' / 'dreamsim_ensemble.safetensors')
+  info = json.load(open(out + '.json'))
+  assert hub in info['source_files'] and 'ensemble_lora/adapter_config.json' in info['source_files']
+  assert get_backbone('dreamsim_ensemble', weights=out, tiny=True).weights_id == info['sha256']
+
+
+def test_hf_family_is_a_save_pretrained_folder(server, tmp_path):
+  src = sources.WEIGHTS['dinov2_s14']
+  for f in src.files:
+    server.put(f.url, b'{}' if f.path.endswith('.json') else b'weights')
+  out = fetch.fetch_weights('dinov2_s14', progress=False)
+  assert out == str(tmp_path / 'weights' / 'dinov2_s14')
+  assert sorted(os.listdir(out)) == ['config.json', 'model.safetensors']
+  assert fetch.weights_present('dinov2_s14')
+
+
+def test_cli_lists_and_refuses_in_one_line(tmp_path):
+  import subprocess
+  import sys
+  env = dict(os.environ, VISIM_OFFLINE='1', VISIM_JAX_WEIGHTS=str(tmp_path))
+  r = subprocess.run([sys.executable, '-m', 'visim_jax.fetch', 'clip_rn50'], env=env, capture_output=True, text=True)
+  assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+      f'error: clip_rn50: weights not on this machine ({tmp_path}/clip_rn50) and the network is off (VISIM_OFFLINE / '
+      'HF_HUB_OFFLINE): run `python -m visim_jax.fetch clip_rn50` where the network is allowed']
+  r = subprocess.run([sys.executable, '-m', 'visim_jax.fetch', '--list'], env=env, capture_output=True, text=True)
+  assert r.returncode == 0 and 'dreamsim_ensemble' in r.stdout and 'nights' in r.stdout
+
+
+def test_every_source_is_well_formed():
+  from visim_jax.backbones import registry
+  for name, src in sources.WEIGHTS.items():
+    assert registry.canonical(name) == name and src.files and src.convert in ('file', 'folder', 'hf')
+    for f in src.files:
+      assert f.url.startswith('https://') and (f.sha256 is None or len(f.sha256) >= 8)
+  assert sources.WEIGHTS['clip_rn50'].files[0].sha256 == sources.WEIGHTS['clip_rn50'].files[0].url.split('/')[-2]
+  assert sources.WEIGHTS['resnet50'].files[0].sha256 == '19c8e357'

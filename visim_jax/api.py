@@ -1,0 +1,259 @@
+"""The Python API: a similarity model in one call, for researchers who import rather than configure.
+
+    import visim_jax as vj
+    model = vj.load('dreamsim_ensemble')        # any config.models spec: 'lpips:alex', 'cosine:efficientnet_lite0',
+    d = model.distance(img0, img1)              # 'adapter:workdirs/tll', ...; smaller = more similar
+    e = model.embed(images)                     # (N, D) for embedding models
+
+`load(spec)` takes every spec `config.models` takes (visim_jax/similarity.py builds the model: the same weights,
+layers and distance as the command line) plus three short forms: a bare backbone name (`'dreamsim_ensemble'` =
+`'cosine:dreamsim_ensemble'`), `'dreamsim'` (the ensemble) and `'lpips'` / `'lpips_alex'` / `'lpips_vgg'`. When the
+backbone's converted weights are not on this machine and visim_jax/sources.py names their public checkpoint, they
+are downloaded, checked and converted once (visim_jax/fetch.py); offline (VISIM_OFFLINE=1 or HF_HUB_OFFLINE=1) the
+error names the command to run where the network is allowed.
+
+Images (`distance`, `embed`): a path, a PIL image, an (H, W, 3) array, an (N, H, W, 3) array or a list of any of
+these. Arrays are uint8 0..255 or float in [0, 1]; a float array outside [0, 1] (a [-1, 1] or 0..255 float image) is
+refused in one line, never silently rescaled. Embedding models read every image through the command line's path
+(data/images.py: RGB, the backbone's resize and crop; features.extract: the same jitted program, batch size and
+padding), so `embed` equals the cached feature of the same image (float [0, 1] arrays are rounded to uint8 first,
+as data/images.from_array does). LPIPS compares the images at the size given (both of a pair the same size),
+floats in [0, 1] as they are.
+
+The functional form, for JAX code (jit, vmap, grad; e.g. LPIPS or DreamSim as a training loss):
+
+    params = model.params                            # a pytree
+    f = model.apply(params, x)                       # x: float NHWC in [0, 1], traced or concrete
+    d = model.apply_distance(params, x0, x1)         # (N,), pure: sim.distance(apply(x0), apply(x1))
+
+For embedding models x must already have the model's input size (`model.image_size`, e.g. 224; resize in your own
+pipeline) and `apply` returns the rows `distance` compares ((N, D)); for LPIPS x may be any size >= 31 px (alex)
+and `apply` returns LPIPS's five normalised maps. A concrete float x outside [0, 1] is refused as above; a traced
+x cannot be checked: the rule is [0, 1].
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+
+from visim_jax.errors import UserError
+
+WHERE = 'visim_jax.load'
+SHORT = {'dreamsim': 'cosine:dreamsim_ensemble', 'lpips': 'lpips:alex', 'lpips_alex': 'lpips:alex',
+         'lpips_vgg': 'lpips:vgg'}
+
+
+def resolve_spec(spec: str) -> str:
+  """A short form (module docstring) -> the full spec; a full spec is returned as it is."""
+  spec = str(spec).strip()
+  if spec in SHORT:
+    return SHORT[spec]
+  if ':' not in spec:
+    from visim_jax.backbones import registry  # pylint: disable=g-import-not-at-top
+    try:
+      return 'cosine:' + registry.canonical(spec)
+    except ValueError:
+      raise UserError(f'{WHERE}: {spec!r}: not a backbone name nor a spec; give a name from `python -m '
+                      'visim_jax.main --list_backbones` or a spec such as cosine:efficientnet_lite0, lpips:alex, '
+                      'adapter:WORKDIR') from None
+  return spec
+
+
+def _backbone_of(spec: str) -> str | None:
+  """The registry name a cosine spec (with real weights) reads, else None."""
+  kind, _, rest = spec.partition(':')
+  name, _, variant = rest.partition('@')[0].partition(':')
+  return name if kind == 'cosine' and not variant else None
+
+
+@dataclasses.dataclass
+class Model:
+  """A loaded similarity model (see the module docstring). `similarity` is the command line's model object."""
+  spec: str
+  similarity: Any
+  batch_size: int = 32
+  dtype: str = 'float32'
+  progress: bool = False
+
+  @property
+  def kind(self) -> str:
+    return self.similarity.kind
+
+  @property
+  def is_embedding(self) -> bool:
+    return self.similarity.backbone is not None
+
+  @property
+  def image_size(self) -> int | None:
+    """The input size `apply` expects (embedding models); None for LPIPS (any size)."""
+    return self.similarity.preprocess.size if self.is_embedding else None
+
+  @property
+  def params(self):
+    """The pytree `apply` and `apply_distance` take: {'backbone': the network's variables, 'head': the trained
+    head's parameters (SimNet, context models; None otherwise)}, or the LPIPS parameters."""
+    sim = self.similarity
+    if self.is_embedding:
+      return {'backbone': sim.backbone.variables, 'head': sim.params}
+    return sim.params.params
+
+  def __repr__(self) -> str:
+    return f'visim_jax.Model({self.spec!r}, kind={self.kind!r})'
+
+  # ------------------------------------------------------------------------------------------ host API
+
+  def embed(self, images) -> np.ndarray:
+    """(N, D) float32: the rows `distance` compares (cosine / adapter: the vectors whose 1 - cos is the distance)."""
+    if not self.is_embedding:
+      raise UserError(f'{WHERE}: {self.spec!r} is not an embedding model (LPIPS compares two images through the '
+                      'network): use model.distance(img0, img1)')
+    from visim_jax import features  # pylint: disable=g-import-not-at-top
+    sim = self.similarity
+    items, _ = _as_items(images, 'images')
+    feats = features.extract(sim.backbone, items, sim.layers, batch_size=self.batch_size, dtype=self.dtype,
+                             progress=self.progress, desc='embed', loader=_load_items)
+    return feats if sim.transform is None else np.asarray(sim.transform(feats))
+
+  def distance(self, img0, img1):
+    """Distances between img0[i] and img1[i] (smaller = more similar): (N,) float32, or a float when both are
+    single images. SimNet is not symmetric: img0 is the reference."""
+    from visim_jax import similarity  # pylint: disable=g-import-not-at-top
+    sim = self.similarity
+    _, single0 = _as_items(img0, 'img0')
+    _, single1 = _as_items(img1, 'img1')
+    if self.is_embedding:
+      f0, f1 = self.embed(img0), self.embed(img1)
+      if len(f0) != len(f1):
+        raise UserError(f'{WHERE}: img0 has {len(f0)} images, img1 {len(f1)}: give pairs')
+      d = np.asarray(similarity._jitted(sim.distance)(sim.params, f0, f1))  # pylint: disable=protected-access
+    else:
+      from visim_jax import lpips  # pylint: disable=g-import-not-at-top
+      x0, x1 = _lpips_batch(img0, 'img0'), _lpips_batch(img1, 'img1')
+      if x0.shape != x1.shape:
+        raise UserError(f'{WHERE}: img0 {x0.shape} and img1 {x1.shape} differ: LPIPS compares same-size images '
+                        '(resize them first)')
+      d = np.concatenate([np.asarray(lpips.lpips_distance(sim.params, x0[s:s + self.batch_size],
+                                                          x1[s:s + self.batch_size]))
+                          for s in range(0, len(x0), self.batch_size)]) if len(x0) else np.zeros(0, np.float32)
+    return float(d[0]) if single0 and single1 else d
+
+  # ------------------------------------------------------------------------------------- functional API
+
+  def apply(self, params, x):
+    """Pure: float NHWC x in [0, 1] -> the rows `distance` compares (embedding models, x at image_size) or
+    LPIPS's five normalised maps. Jittable, vmappable, differentiable in params and x."""
+    from visim_jax import lpips  # pylint: disable=g-import-not-at-top
+    sim = self.similarity
+    x = lpips.as_unit_range(x, 'x', WHERE)
+    if not self.is_embedding:
+      return lpips.embed(params, x)
+    from visim_jax import features  # pylint: disable=g-import-not-at-top
+    size = sim.preprocess.size
+    if tuple(x.shape[1:3]) != (size, size):
+      raise UserError(f'{WHERE}: apply takes images of the model\'s input size {size}x{size} (model.image_size), '
+                      f'got {x.shape[1]}x{x.shape[2]}: resize them first, or use model.embed / model.distance')
+    x = sim.preprocess.normalise(x * 255.0)
+    _, stages = sim.backbone.apply_fn(params['backbone'], x)
+    f = features.pool(stages, sim.layers)
+    return f if sim.transform is None else sim.transform(f)
+
+  def apply_distance(self, params, x0, x1):
+    """Pure: (N,) distances between float NHWC batches in [0, 1] (see `apply`); a training loss."""
+    from visim_jax import lpips  # pylint: disable=g-import-not-at-top
+    if not self.is_embedding:
+      return lpips.distance(params, self.apply(params, x0), self.apply(params, x1))
+    return self.similarity.distance(params['head'], self.apply(params, x0), self.apply(params, x1))
+
+
+# ------------------------------------------------------------------------------------------------ images
+
+def _is_path(x) -> bool:
+  return isinstance(x, (str, os.PathLike))
+
+
+def _check_array(a: np.ndarray, what: str) -> np.ndarray:
+  if a.dtype == np.uint8:
+    return a
+  if not np.issubdtype(a.dtype, np.floating):
+    raise UserError(f'{WHERE}: {what} must be uint8 (0..255) or float in [0, 1], got {a.dtype}')
+  from visim_jax import lpips  # pylint: disable=g-import-not-at-top
+  lpips.as_unit_range(a[..., :3].reshape((-1,) + a.shape[-3:-1] + (3,)), what, WHERE)
+  return a
+
+
+def _as_items(images, what: str) -> tuple[list, bool]:
+  """A flat list of single images (paths, PIL images or (H, W, 3) arrays) and whether `images` was one image."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  if _is_path(images) or isinstance(images, Image.Image):
+    return [images], True
+  if isinstance(images, np.ndarray) or hasattr(images, '__array__') and not isinstance(images, (list, tuple)):
+    a = np.asarray(images)
+    if a.ndim == 3 and a.shape[-1] in (3, 4):
+      return [_check_array(a, what)], True
+    if a.ndim == 4 and a.shape[-1] in (3, 4):
+      a = _check_array(a, what)
+      return list(a), False
+    raise UserError(f'{WHERE}: {what}: expected (H, W, 3) or (N, H, W, 3) images, got shape {a.shape}'
+                    + (' (NCHW? transpose to NHWC)' if a.ndim == 4 and a.shape[1] == 3 else ''))
+  if isinstance(images, (list, tuple)):
+    out = []
+    for i, im in enumerate(images):
+      items, single = _as_items(im, f'{what}[{i}]')
+      if not single:
+        raise UserError(f'{WHERE}: {what}[{i}]: a list holds single images (paths, PIL images, (H, W, 3) arrays)')
+      out += items
+    return out, False
+  raise UserError(f'{WHERE}: {what}: expected a path, a PIL image, an array or a list of them, got '
+                  f'{type(images).__name__}')
+
+
+def _to_pil(item):
+  from visim_jax.data import images as images_lib  # pylint: disable=g-import-not-at-top
+  if _is_path(item):
+    return images_lib.open_rgb(item)
+  if isinstance(item, np.ndarray):
+    return images_lib.from_array(item)
+  return images_lib.to_rgb(item)
+
+
+def _load_items(items, pre) -> np.ndarray:
+  """features.extract's loader: the command line's decode + resize (images.load_batch) for any image item."""
+  from visim_jax.data import images as images_lib  # pylint: disable=g-import-not-at-top
+  return np.stack([images_lib.resize(_to_pil(it), pre) if not _is_path(it) else images_lib.load_image(it, pre)
+                   for it in items])
+
+
+def _lpips_batch(images, what: str) -> np.ndarray:
+  """LPIPS's input: the images at their own size, uint8 (paths, PIL, uint8 arrays) or float [0, 1] arrays."""
+  items, _ = _as_items(images, what)
+  arrays = [it if isinstance(it, np.ndarray) and it.shape[-1] == 3 else np.asarray(_to_pil(it)) for it in items]
+  shapes = {a.shape for a in arrays}
+  if len(shapes) > 1:
+    raise UserError(f'{WHERE}: {what}: images of different sizes {sorted(shapes)[:3]}: LPIPS batches same-size '
+                    'images (resize them first)')
+  if not arrays:
+    return np.zeros((0, 64, 64, 3), np.uint8)
+  return np.stack(arrays) if len({a.dtype for a in arrays}) == 1 else np.stack(
+      [a.astype(np.float32) / 255.0 if a.dtype == np.uint8 else a for a in arrays])
+
+
+# -------------------------------------------------------------------------------------------------- load
+
+def load(spec: str, *, fetch: bool = True, batch_size: int = 32, dtype: str = 'float32',
+         progress: bool = False) -> Model:
+  """The model SPEC names (module docstring), its weights fetched and converted once when missing (fetch=False:
+  never download; the error names the command)."""
+  from visim_jax import similarity  # pylint: disable=g-import-not-at-top
+  spec = resolve_spec(spec)
+  name = _backbone_of(spec)
+  if fetch and name is not None:
+    from visim_jax import fetch as fetch_lib  # pylint: disable=g-import-not-at-top
+    fetch_lib.ensure_weights(name, progress=True)
+  if dtype not in ('float32', 'bfloat16'):
+    raise UserError(f"{WHERE}: dtype={dtype!r}; 'float32' or 'bfloat16'")
+  sim = similarity.build(spec, similarity.Options(cache_dir=None, batch_size=batch_size, dtype=dtype,
+                                                  progress=progress))
+  return Model(spec, sim, batch_size, dtype, progress)
