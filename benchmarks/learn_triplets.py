@@ -34,9 +34,11 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import interleaved  # noqa: E402
+import precision  # noqa: E402
 from visim_jax import sharding, teacher_triplets, triplet_stream  # noqa: E402
 from visim_jax import triplet_training as tt  # noqa: E402
 
+precision.define_flag()
 _MODE = flags.DEFINE_enum('mode', 'compare', ['compare', 'scale'], 'What to measure (see the docstring).')
 _IMAGES = flags.DEFINE_integer('images', 20_000, 'Rows of the feature table.')
 _DIM = flags.DEFINE_integer('dim', 768, 'Feature size D (ViT-B/16 pre-logits: 768).')
@@ -71,18 +73,19 @@ def torch_reference(hp: tt.Hparams, x, tri, sims, rows, w0, b0):
   import torch
   import torch.nn.functional as F
   torch.set_num_threads(os.cpu_count() or 1)
-  xt, trit, st = torch.from_numpy(x), torch.from_numpy(tri.astype(np.int64)), torch.from_numpy(sims)
-  rows_t = torch.from_numpy(rows.astype(np.int64))
+  dev = 'cuda' if torch.cuda.is_available() else 'cpu'   # the same device as ours (run_all --gpu)
+  xt, trit, st = (torch.from_numpy(a).to(dev) for a in (x, tri.astype(np.int64), sims))
+  rows_t = torch.from_numpy(rows.astype(np.int64)).to(dev)
   out = {}
 
   def kl(p, q):
     return (p * (torch.log(p) - torch.log(q))).sum(-1)
 
   def run():
-    head = torch.nn.Linear(x.shape[1], hp.size)
+    head = torch.nn.Linear(x.shape[1], hp.size).to(dev)
     with torch.no_grad():
-      head.weight.copy_(torch.from_numpy(np.ascontiguousarray(w0.T)))
-      head.bias.copy_(torch.from_numpy(b0))
+      head.weight.copy_(torch.from_numpy(np.ascontiguousarray(w0.T)).to(dev))
+      head.bias.copy_(torch.from_numpy(b0).to(dev))
     opt = torch.optim.Adam(head.parameters(), lr=hp.lr, betas=(hp.b1, hp.b2), eps=1e-8)
     losses = []
     for r in rows_t:
@@ -96,13 +99,14 @@ def torch_reference(hp: tt.Hparams, x, tri, sims, rows, w0, b0):
       loss.backward()
       opt.step()
       losses.append(loss.detach())
-    out['loss'] = torch.stack(losses).numpy()
-    out['w'] = head.weight.detach().numpy().T
+    out['loss'] = torch.stack(losses).cpu().numpy()    # waits for the device
+    out['w'] = head.weight.detach().cpu().numpy().T
     return out['loss']
   return run, out
 
 
 def compare() -> dict:
+  prec = precision.apply()
   hp = hparams(_STEPS.value)
   x, tri, sims = make_data(_IMAGES.value, _DIM.value, _TRIPLETS.value)
   rows = triplet_stream.Stream(len(tri), hp.batch_size, 0).rows(0, hp.steps)
@@ -126,7 +130,7 @@ def compare() -> dict:
   np.testing.assert_allclose(ours_out['w'], ref_out['w'], rtol=1e-3, atol=1e-5)
   times = interleaved.interleaved({'ours': ours, 'reference': ref}, _ALT.value, warmup=False)
   stats = interleaved.compare(times['ours'], times['reference'], work=hp.steps * hp.batch_size, unit='triplets')
-  return {'mode': 'compare', 'devices': jax.device_count(), 'backend': jax.default_backend(),
+  return {'mode': 'compare', 'devices': jax.device_count(), 'backend': jax.default_backend(), 'precision': prec,
           'sizes': {'images': _IMAGES.value, 'dim': _DIM.value, 'emb': _EMB.value, 'batch': hp.batch_size,
                     'steps': hp.steps, 'triplets': _TRIPLETS.value},
           'equal_work': 'per-step losses equal (rtol 1e-4), final weights close (rtol 1e-3)', **stats,

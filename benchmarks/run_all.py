@@ -73,9 +73,9 @@ PRESETS = {
 GPU_TOTAL_S = 360
 GPU_PLAN = (
     ('pipeline', 'pipeline', ['--files=1024', '--batch=256', '--dtype=bfloat16', '--repeats=2', '--alternations=2'],
-     35, 'fp32'),
+     30, 'fp32'),
     ('extract_lite0', 'extract', ['--batch=256', '--batches=10', '--dtype=float32', '--files=256'], 25, 'fp32'),
-    ('extract_clip_b32', 'extract_clip', ['--batch=256', '--batches=10', '--files=512'], 40, 'fp32'),
+    ('extract_clip_b32', 'extract_clip', ['--batch=256', '--batches=10', '--files=512'], 35, 'fp32'),
     ('extract_siglip_dreamsim', 'extract_families',
      ['--members=siglip_b16_224,dreamsim_ensemble', '--batch=64', '--batches=3', '--dtype=bfloat16'], 65, 'fp32'),
     ('lpips', 'lpips', ['--nets=alex,vgg', '--sizes=64,224', '--pairs=4096', '--batch=256'], 25, 'fp32'),
@@ -83,10 +83,11 @@ GPU_PLAN = (
     ('simnet', 'simnet', ['--preset=gpu', '--reference', '--skip_naive', '--queries=512', '--database=16384',
                           '--repeats=2'], 25, 'fp32'),
     ('histograms_imagenet', 'histograms', ['--samples=1281167', '--dim=768', '--classes=1000', '--n_pairs=2000',
-                                           '--repeats=2'], 35, 'fp32'),
-    ('search', 'search', ['--n=1000000', '--dim=768', '--queries=512', '--repeats=2'], 20, 'fp32'),
+                                           '--repeats=2'], 30, 'fp32'),
+    ('search', 'search', ['--n=1000000', '--dim=768', '--queries=512', '--repeats=2'], 15, 'fp32'),
     ('twoafc', 'twoafc', ['--n_triplets=2000000', '--loop_triplets=20000', '--sweep_triplets=20000',
                           '--repeats=2'], 20, 'fp32'),
+    ('learn_triplets', 'learn_triplets', ['--mode=compare', '--steps=50', '--alternations=3'], 20, 'fp32'),
 )
 GPU_BEGIN, GPU_END = '<!-- run_all_gpu:begin -->', '<!-- run_all_gpu:end -->'
 
