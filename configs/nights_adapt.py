@@ -6,8 +6,9 @@ r"""Learning from human judgements: a head on frozen features trained on NIGHTS 
       --config.nights_dir=/path/to/nights                               # the same data, 2 seeds x 5 epochs
   python -m visim_jax.main --config=configs/nights_adapt.py:demo --workdir=workdirs/nights_demo   # offline
 
-Measured on the 2-core CPU box from empty caches (features extracted, programs compiled), load ~1.5, `python benchmarks/config_times.py`, 2026-11-25: `:demo` 21 s, NIGHTS test 1.0000 frozen / PCA / trained
-(the mini set is easy by construction: the demo checks the wiring).
+Measured on the 2-core CPU box from empty caches (features extracted, programs compiled), load ~1.5, `python benchmarks/config_times.py`, 2026-11-25: `:demo` 21 s on the earlier mini set; on today's
+graded one (load ~10, cold cache) 2 min 25 s, NIGHTS test 0.875 frozen, 0.8125 PCA, 0.8125 trained (24 training
+triplets: the demo checks the wiring).
 
 `nights_dir` holds data.csv, ref/ and distort/ (DreamSim's download). `model`: 'adapter' (paper 001's W + ReLU
 over a PCA, exported as adapter.npz for `adapter:<workdir>`) or 'triplet' (paper 004's embedding head).
