@@ -159,3 +159,15 @@ def test_folder_and_tfds_sources_with_a_random_backbone(tmp_path):
   assert out['estimator']['intra_pairs'] == 3 + 15 and out['estimator']['inter_pairs'] == 2 * 3 * 6
   with tfds.testing.mock_data(num_examples=9):  # a second run reads features and labels from the cache
     assert main.run(cfg, str(tmp_path / 'wd3'))['metrics'] == out['metrics']
+
+
+def test_identical_features_are_degenerate_not_numbers(tmp_path, capsys):
+  # every row the same vector: every cosine is 1, one bin; the overlap of 1 says nothing about a representation
+  p = str(tmp_path / 'same.npz')
+  lab = np.repeat(np.arange(3), 12)
+  np.savez(p, features=np.ones((len(lab), 8), np.float32), labels=lab, class_names=np.array(['a', 'b', 'c']))
+  out = main.run(local_config(dataset='features', features=p, class_tree='', plots=False,
+                              **{'knn.k': 0}), str(tmp_path / 'wd'))
+  assert out['degenerate'] and 'bin' in out['degenerate']
+  assert all(v is None for v in out['metrics'].values())
+  assert 'degenerate: ' in capsys.readouterr().out

@@ -74,12 +74,13 @@ def degenerate_lines(board: Board) -> list[str]:
           for m in board.models for c in board.columns if degenerate.reason_of(board.cells.get((m, c)))]
 
 
-def _fmt(cell) -> str:
+def cell_text(cell, digits: int = 3) -> str:
+  """`score [low, high]`, `degenerate: <reason>` or '-' (every console and table that prints a scored cell)."""
   if cell is None:
     return '-'
   if degenerate.reason_of(cell):
     return f'degenerate: {degenerate.reason_of(cell)}'
-  s = f"{cell['score']:.3f}"
+  s = f"{cell['score']:.{digits}f}"
   if np.isfinite(cell.get('ci_low', np.nan)):
     s += f" [{cell['ci_low']:.3f}, {cell['ci_high']:.3f}]"
   return s
@@ -94,7 +95,7 @@ def markdown(board: Board, published: bool = True) -> str:
     row = [f'`{m}`']
     for c in board.columns:
       cell = board.cells.get((m, c))
-      text = _fmt(cell)
+      text = cell_text(cell)
       if is_best(board, m, c):
         text = f'**{text}**'
       pub = [r for r in board.published if r['spec'] == m and (r['protocol'], r['subset']) == c]

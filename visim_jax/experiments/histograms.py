@@ -190,6 +190,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                     **({'n_intra_per_class': opts.n_intra, 'n_inter_per_class': opts.n_inter}
                        if estimator == 'random' else {})},
       'metrics': {**H.scalars(m), 'knn_accuracy': acc},
+      'degenerate': m.get('degenerate'),   # metrics/degenerate.py: then no metric is a number
       'standard_errors': {**m['se'], 'knn_accuracy': knn_se},
       'max_overlap_pair': [names[pair[0]], names[pair[1]]] if pair else None,
       'pairwise_min_pairs': m.get('pairwise_min_pairs') if pair else None,
@@ -199,6 +200,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
       'timing_s': {'features': round(t_feat, 3), 'metrics': round(t_metrics, 3), 'tree': round(t_tree, 3)},
       'devices': [str(d) for d in jax.devices()], 'notes': notes,
   }
+  if m.get('degenerate'):
+    metrics['metrics'] = {k: None for k in metrics['metrics']}
   if tree is not None:
     metrics['hierarchy'] = {'tree': config.class_tree, 'min_children': config.tree_min_children,
                             'nodes': len(node_rows), 'skipped_nodes': skipped_nodes, 'levels': level_rows, **tree_avg}
@@ -216,6 +219,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
   nan = lambda v: float('nan') if v is None else v
   if report.is_writer():
+    if m.get('degenerate'):
+      print(f"degenerate: {m['degenerate']}: no metric is reported (metrics.json holds null)")
     se = metrics['standard_errors']
     print(report.table([[k, nan(v), '-' if se.get(k) is None else se[k]] for k, v in metrics['metrics'].items()],
                        ['metric', 'value', 'standard error']))

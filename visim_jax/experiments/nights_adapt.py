@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import checks, export, human_loss, memory, ops, pca, report, runtime
+from visim_jax import checks, export, human_loss, leaderboard, memory, ops, pca, report, runtime
 from visim_jax import features as features_lib
 from visim_jax.data import human_demo, nights
 from visim_jax.errors import UserError
@@ -216,8 +216,7 @@ def _outputs(rt, hp, tree, p, metrics, desc) -> None:
 
 def _print(metrics, workdir) -> None:
   cols = [c for c in ('frozen', 'pca', 'trained') if c in metrics['results']]
-  rows = [[s] + [f"{metrics['results'][c][s]['score']:.4f} [{metrics['results'][c][s]['ci_low']:.3f}, "
-                 f"{metrics['results'][c][s]['ci_high']:.3f}]" for c in cols] for s in EVAL_SPLITS]
+  rows = [[s] + [leaderboard.cell_text(metrics['results'][c][s], 4) for c in cols] for s in EVAL_SPLITS]
   runtime.say(f"\nNIGHTS 2AFC, model {metrics['model']} ({metrics['seeds']} seeds, epochs chosen by "
               f"{metrics['epoch_rule']}: {metrics['epochs_selected']}), workdir {workdir}")
   runtime.say(report.table(rows, ['split'] + cols))
