@@ -161,3 +161,13 @@ def test_classify_says_which_model_and_what_the_numbers_are(photos, lite0):
   assert out['backbone'] == 'efficientnet_lite0' and out['weights_sha256'] == lite0.weights_id
   assert 'softmax probability' in out['p'] and len(out['images'][0]['classes']) == 2
   assert sum(c['p'] for c in out['images'][0]['classes']) <= 1.0
+
+
+def test_search_memory_is_estimated_before_the_index_is_built(photos, tmp_path, monkeypatch):
+  from visim_jax.metrics import blocked_histograms
+  monkeypatch.setattr(blocked_histograms, 'memory_limit_bytes', lambda: 2**20)   # a 1 MiB "device"
+  with pytest.raises(UserError, match=r'^--query_block: the search index needs at least .* GiB .*lower '
+                                      r'--query_block or --block or --index_dtype$'):
+    search.run(photos, ['all'], out=str(tmp_path / 'm'), cache_dir='none', progress=False, block=4096,
+               query_block=256)
+  assert not os.path.exists(tmp_path / 'm' / 'results.json')

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from visim_jax import errors, export, ops, report, runtime
+from visim_jax import errors, export, memory, ops, report, runtime
 from visim_jax.data import images as images_lib
 from visim_jax.errors import UserError
 from visim_jax.search import index as index_lib
@@ -190,6 +190,12 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
     index_vecs, query_vecs = index_feats, query_feats
   source = f'--adapter: {adapter}' if ad is not None else f'--folder: {folder}'
   check_vectors(index_vecs if all_mode and not pairs_mode else np.concatenate([index_vecs, query_vecs]), source)
+  n, d = index_vecs.shape
+  item = 2 if index_dtype == 'bfloat16' else 4
+  memory.check({'index': n * d * item, 'score blocks': 2 * query_block * block * 4,
+                'queries': len(query_vecs) * d * 4},
+               ['--query_block', '--block', '--index_dtype'], f'{n:,} x {d} index, {index_dtype}',
+               what='the search index')   # before anything is put on the device (visim_jax/memory.py)
   index = index_lib.build_index(index_vecs, block=block, dtype=index_dtype)
   kk = min(k, index.n - (1 if exclude is not None else 0))
   if kk < 1:
