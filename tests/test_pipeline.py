@@ -126,3 +126,22 @@ def test_device_batches_keep_order():
   src = ((i, 1, np.full(2, i)) for i in range(4))
   got = [s for s, _, _ in pipeline.device_batches(src, lambda a: puts.append(int(a[0])) or a)]
   assert got == [0, 1, 2, 3] and puts == [0, 1, 2, 3]
+
+
+def test_config_image_cache_keeps_pixels_for_a_second_run(files, tmp_path):
+  # config.image_cache: the decoded pixels land under <cache_dir>/images; the features are the same either way
+  import ml_collections
+  from visim_jax import features
+  c = features.add_fields(ml_collections.ConfigDict())
+  c.backbone, c.backbone_kwargs.tiny, c.backbone_kwargs.random_init = 'alexnet', True, 0
+  c.cache_dir, c.image_batch_size = str(tmp_path / 'cache'), 4
+  plain = features.options(c)
+  c.image_cache = True
+  cached = features.options(c)
+  assert cached.image_cache and not plain.image_cache
+  backbone, layers = features.build(cached)
+  a = features.features_of(plain, backbone, layers, files, tag='a', progress=False)
+  assert not (tmp_path / 'cache' / 'images').exists()
+  b = features.features_of(cached, backbone, layers, files, tag='b', progress=False)
+  assert any((tmp_path / 'cache' / 'images').iterdir())
+  np.testing.assert_array_equal(a, b)

@@ -263,6 +263,8 @@ def add_fields(c):
   c.image_batch_size = 32
   c.dtype = 'float32'
   c.cache_dir = ''
+  c.image_cache = False    # keep decoded, resized pixels (memory-mapped, <cache_dir>/images): a second model with
+                           # the same preprocessing over the same images skips decoding (data/pipeline.py)
   c.pooling = 'mean'       # 'mean' (multi-layer, paper 001) | 'rmac' (R-MAC of config.rmac.layer, paper 002)
   from visim_jax import rmac  # pylint: disable=g-import-not-at-top
   c.rmac = ml_collections.ConfigDict(rmac.Options().describe())
@@ -277,6 +279,8 @@ def check_fields(config) -> None:
   from visim_jax import checks  # pylint: disable=g-import-not-at-top
   checks.integer(config, 'image_batch_size', 1, 2**16)
   checks.integer(config, 'backbone_kwargs.random_init', -1, checks.SEED_MAX, note=' (-1: off)')
+  if 'image_cache' in config:
+    checks.flag(config, 'image_cache')
   from visim_jax import precision  # pylint: disable=g-import-not-at-top
   precision.check(config)
   if 'rmac' in config:
@@ -296,6 +300,7 @@ class FeatureOptions:
   cache_dir: str = ''                  # resolved: never ''
   pooling: str = 'mean'
   rmac: object = None                  # rmac.Options when pooling == 'rmac'
+  image_cache: bool = False            # decoded pixels kept under <cache_dir>/images (data/pipeline.py)
 
 
 def options(config) -> FeatureOptions:
@@ -311,7 +316,7 @@ def options(config) -> FeatureOptions:
   rmac_opts = rmac.Options(**config.rmac.to_dict()) if pooling == 'rmac' else None
   return FeatureOptions(config.backbone, kwargs, tuple(l.strip() for l in config.layers.split(',') if l.strip()),
                         config.image_batch_size, config.dtype, cache_dir(config.get('cache_dir', '')), pooling,
-                        rmac_opts)
+                        rmac_opts, bool(config.get('image_cache', False)))
 
 
 def cache_dir(path: str = '') -> str:
@@ -356,7 +361,8 @@ def features_of(opts: FeatureOptions, backbone: Backbone, layers: Sequence[str],
     return rmac_features(opts, backbone, paths, tag=tag, progress=progress, flip=flip)
   return cached_features(backbone, paths, opts.cache_dir, layers=layers, names=names, tag=tag,
                          batch_size=opts.image_batch_size, dtype=opts.dtype, progress=progress, flip=flip,
-                         loader=loader, source_id=source_id)
+                         loader=loader, source_id=source_id,
+                         image_cache=os.path.join(opts.cache_dir, 'images') if opts.image_cache else None)
 
 
 def rmac_features(opts: FeatureOptions, backbone: Backbone, paths: Sequence[str], bboxes=None, tag: str = 'images',
