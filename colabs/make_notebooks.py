@@ -291,7 +291,7 @@ construction, the run checks the pipeline. Real numbers need `config.image_dir` 
       md('## Config'),
       code('''config = load_config('twoafc', 'local')
 if SMALL:
-    config.model.steps, config.ensemble.mlp_epochs, config.n_boot = 40, 20, 20
+    config.model.steps, config.ensemble.mlp_epochs, config.n_boot = 40, 20, 50
 print(config)'''),
       md('## Train and evaluate'),
       code('metrics = visim_main.run(config, WORKDIR)'),

@@ -47,7 +47,9 @@ def test_classify_cli_prints_top5(tmp_path):
   out = subprocess.run([sys.executable, '-m', 'visim_jax.classify', str(path)], capture_output=True, text=True,
                        check=True, env={**__import__('os').environ, 'JAX_PLATFORMS': 'cpu'}).stdout
   lines = out.strip().splitlines()
-  assert lines[0] == 'coffee.png' and len(lines) == 6 and 'espresso' in lines[1]
+  # first the model and what the numbers are, then the image and its five classes
+  assert lines[0].startswith('efficientnet_lite0 (weights ') and 'softmax probabilit' in lines[0]
+  assert lines[1] == 'coffee.png' and len(lines) == 7 and 'espresso' in lines[2]
 
 
 def test_depthwise_implementations_agree(lite0):

@@ -33,7 +33,9 @@ ACCEPTED = {
         'model.hidden', 'model.triplet_weight', 'ensemble.mlp_alpha', 'n_boot', 'sheet_queries',
         'model.weight_decay', 'knn.k', 'knn.queries', 'pairs.tile', 'pairs.chunk_elems', 'se_replicates',
         'pairwise_max_classes', 'tfds.max_examples', 'lpips_size', 'nights_min_votes', 'min_val_pairs', 'margin',
-        'min_votes')},
+        'min_votes',
+        # learn_triplets: Adam's betas may be 0 (no momentum), no warm-up, k-means++ centres without Lloyd steps
+        'b1', 'b2', 'warmup', 'synthetic.seed', 'triplets.kmeans_iters')},
     ('backbone_kwargs.random_init', '-1'): 'documented: off',
     # chunk sizes have no upper bound: one chunk for the whole phase (run below for the adaptation)
     **{(f, 'huge'): 'one chunk' for f in ('checkpoint_every', 'log_every', 'model.chunk_steps')},

@@ -115,7 +115,7 @@ def hist_config(base, **kw):
 def twoafc_config(**kw):
   return config('twoafc', 'local', annotations='synthetic', **{'model.embed_dim': 8, 'model.hidden': 8,
                 'model.steps': 4, 'model.chunk_steps': 4, 'ensemble.mlp_epochs': 2, 'ensemble.mlp_seeds': 1,
-                'ensemble.mlp_dim': 4, 'ensemble.sweep': False, 'n_boot': 20, 'plots': False, **kw})
+                'ensemble.mlp_dim': 4, 'ensemble.sweep': False, 'n_boot': 50, 'plots': False, **kw})
 
 
 @pytest.fixture(scope='module')
@@ -146,7 +146,7 @@ def nights_copy(base, human_demo_sets):
 def nights_config(base, nights_dir, **kw):
   return config('nights_adapt', 'demo', dataset='nights', nights_dir=str(nights_dir), cache_dir=str(base / 'cache'),
                 backbone='alexnet', **{'backbone_kwargs.tiny': True, 'pca_dim': 8, 'adapt_dim': 16, 'embed_dim': 8,
-                                       'epochs': 2, 'seeds': 1, 'checkpoint_every': 2, 'n_boot': 10, **kw})
+                                       'epochs': 2, 'seeds': 1, 'checkpoint_every': 2, 'n_boot': 50, **kw})
 
 
 @pytest.fixture(scope='module')
@@ -157,7 +157,7 @@ def nights_wd(base, nights_copy):
 
 def bench_config(base, nights_dir, **kw):
   return config('benchmark', None, **{'models': 'cosine:alexnet:tiny', 'nights_dir': str(nights_dir),
-                                     'nights_splits': 'test', 'cache_dir': str(base / 'cache'), 'n_boot': 10,
+                                     'nights_splits': 'test', 'cache_dir': str(base / 'cache'), 'n_boot': 50,
                                      'plots': False, **kw})
 
 

@@ -7,8 +7,19 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
-import run_all  # noqa: E402
+
+
+def _bench_module(name):
+  # loaded from its file, not through sys.path: benchmarks/lpips.py must never shadow the `lpips` package for
+  # the tests that run after this one in the same worker
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(f'bench_{name}', os.path.join(ROOT, 'benchmarks', f'{name}.py'))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+run_all = _bench_module('run_all')
 
 
 def test_gpu_dry_run_lists_every_script_with_a_budget(capsys):
@@ -42,7 +53,7 @@ def test_streaming_run_keeps_output_and_kills_at_the_budget(tmp_path, capsys):
 
 
 def test_precision_is_set_and_recorded():
-  import precision
+  precision = _bench_module('precision')
   import jax
   try:
     rec = precision.apply('fp32', torch_side=False)  # (the PyTorch side: benchmarks/precision.py, not imported here)

@@ -3,6 +3,7 @@ ranks partners better with a trained adapter than without; plain folders, query 
 images skipped and listed (or --strict); outputs follow the umask; the command line's one-line errors."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -102,14 +103,23 @@ def test_sharded_over_four_devices_equals_brute_force():
   assert out == {'devices': 4, 'shard_rows': 64, 'topk': True, 'ranks': True}
 
 
+def _link(src, dst):
+  """A file inside the new folder (a hard link, or a copy across file systems)."""
+  try:
+    os.link(src, dst)
+  except OSError:
+    shutil.copy2(src, dst)
+
+
 @pytest.fixture(scope='module')
 def pairs96(demo_root, tmp_path_factory):
-  """The first 96 demo pairs as a pairs folder (symlinks), with a module-wide feature cache."""
+  """The first 96 demo pairs as a pairs folder (hard links: a symbolic link out of a dataset folder is refused,
+  docs/reliability.md), with a module-wide feature cache."""
   root = tmp_path_factory.mktemp('pairs96')
   for side in ('left', 'right'):
     os.makedirs(root / 'pairs' / side)
     for name in sorted(os.listdir(os.path.join(demo_root, side)))[:96]:
-      os.symlink(os.path.join(demo_root, side, name), root / 'pairs' / side / name)
+      _link(os.path.join(demo_root, side, name), root / 'pairs' / side / name)
   return str(root / 'pairs'), str(root / 'cache')
 
 
@@ -241,7 +251,7 @@ def test_bad_images_are_skipped_and_listed_or_strict(pairs96, tmp_path, capsys):
   for side in ('left', 'right'):
     os.makedirs(pairs / side)
     for name in sorted(os.listdir(os.path.join(folder, side)))[:6]:
-      os.symlink(os.path.join(folder, side, name), pairs / side / name)
+      _link(os.path.join(folder, side, name), pairs / side / name)
   (pairs / 'right' / '00002.png').unlink()
   (pairs / 'right' / '00002.png').write_text('broken')
   (pairs / 'left' / '00005.png').unlink()

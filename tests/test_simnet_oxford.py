@@ -55,11 +55,11 @@ def _toy_set(root, protocol, seed):
     pickle.dump({'imlist': names[:8], 'qimlist': names[8:], 'gnd': gnd}, f)
 
 
-def test_without_an_oxford_set_every_mode_refuses_in_one_line():
+def test_without_an_oxford_set_every_mode_refuses_in_one_line(tmp_path):
   """Issue 22: `configs/simnet_oxford.py:local` trained SimNet on the demo and evaluated no Oxford/Paris, silently."""
   from visim_jax.errors import UserError
   from visim_jax.experiments import simnet as exp
-  for arg, data_dir in ((None, '/path/to/landmarks'), ('local', '')):
+  for arg, data_dir in ((None, str(tmp_path)), ('local', '')):   # (a missing data_dir is refused first, by name)
     c = _config('simnet_oxford', arg)
     c.data_dir = data_dir
     with pytest.raises(UserError, match=r'^config\.retrieval\.roots: configs/simnet_oxford.py evaluates Oxford/Paris'):

@@ -20,6 +20,11 @@ def hparams_from_config(config) -> tt.Hparams:
 
 def validate_config(config) -> None:
   checks.choice(config, 'source', SOURCES)
+  # every path the source reads exists; a path only another source reads is refused, never silently ignored
+  checks.data_source(config, {'folder': (('image_dir', 'dir'),),
+                              'files': (('train_file', 'file'), ('val_file', 'file')),
+                              'things': (('things_dir', 'dir'), ('things_file', 'file')),
+                              'nights': (('nights_dir', 'dir'),), 'demo': (), 'synthetic': ()}, field='source')
   if config.source == 'folder' and not config.image_dir:
     raise checks.fail('image_dir', 'a folder of images is required for source=folder', config.image_dir)
   for src, fields in (('things', ('things_dir', 'things_file')), ('nights', ('nights_dir',))):
