@@ -12,8 +12,8 @@ adaptation.adapt: the vectors whose cosine similarity the experiment ranks with.
 
   python -m visim_jax.export --workdir=W [--run=0] [--out=W/adapter.npz]
 
-converts the latest checkpoint of an adaptation workdir (configs/adapt.py, paper 001) written before the
-experiment saved adapter.npz itself (meta from W/metrics.json and the backbone named there). Any other
+converts the latest checkpoint of an adaptation workdir (configs/tll.py or configs/demo.py, paper 001) written
+before the experiment saved adapter.npz itself (meta from W/metrics.json and the backbone named there). Any other
 workdir (nights_adapt, which writes its own adapter.npz; benchmark, simnet, twoafc, ...) or a checkpoint that
 is not an adaptation's is refused in one line saying what export takes. User errors (no workdir, no checkpoint, a
 run out of range) end with one line `error: <path or flag>: <what to do>` and exit status 1.
@@ -194,7 +194,7 @@ def from_workdir(workdir: str, run: int = 0, out: str | None = None, sigma: int 
       own = (f'; it wrote {os.path.join(workdir, "adapter.npz")} itself' if m['experiment'] == 'nights_adapt'
              else '')
       raise UserError(f'--workdir: {workdir}: a {m["experiment"]} workdir{own}; export takes the workdir of an '
-                      'adaptation run (configs/adapt.py, paper 001) with checkpoints/')
+                      'adaptation run (configs/tll.py or configs/demo.py, paper 001) with checkpoints/')
     meta.update({k: m.get(k) for k in ('backbone', 'layers', 'weights_sha256')})
     meta['source'] = {'workdir': os.path.abspath(workdir), 'dataset': m.get('dataset'), 'run': run}
     if meta['backbone']:
@@ -213,7 +213,8 @@ def from_workdir(workdir: str, run: int = 0, out: str | None = None, sigma: int 
     raise
   except Exception as e:  # pylint: disable=broad-except  (Orbax errors of a bad file, another run's layout)
     raise UserError(f'{ckpt}: not an adaptation checkpoint ({type(e).__name__}: {" ".join(str(e).split())[:160]}); '
-                    'export takes the workdir of an adaptation run (configs/adapt.py, paper 001)') from None
+                    'export takes the workdir of an adaptation run (configs/tll.py or configs/demo.py, paper 001)'
+                    ) from None
   meta['source'] = {**(meta.get('source') or {}), 'epoch': int(step)}
   out = out or os.path.join(workdir, 'adapter.npz')
   try:
