@@ -234,3 +234,18 @@ def test_human_sources_things_and_nights(tmp_path, human_demo_sets):
     lt.run(c, str(tmp_path / 'x'), progress=False)
   with pytest.raises(UserError, match='config.things_file: required for source=things'):
     lt.validate_config(tiny(source='things', things_dir=h.things))
+
+
+def test_demo_mode_offline_with_real_weights(tmp_path):
+  """`:demo` as documented (AlexNet teacher with its packaged weights labels the embedded demo photos, an
+  EfficientNet-Lite0 student learns them) at a CI size: 16 photos, 40 steps."""
+  c = cfg.get_config('demo')
+  c.demo.n_pairs, c.cache_dir, c.plots = 8, str(tmp_path / 'cache'), False
+  c.triplets.update({'n_train': 600, 'n_val': 120, 'clusters': 4})
+  c.size, c.batch_size, c.steps, c.warmup, c.eval_every, c.checkpoint_every = 32, 32, 40, 5, 20, 40
+  m = lt.run(c, str(tmp_path / 'demo'), progress=False)
+  r = m['results']
+  assert m['backbone'] == 'efficientnet_lite0' and m['n_triplets'] == {'train': 600, 'val': 120}
+  assert all(0 <= r[k]['accuracy'] <= 1 for k in ('frozen', 'untrained', 'trained'))
+  assert r['trained']['loss'] < r['untrained']['loss']
+  assert os.path.isfile(tmp_path / 'demo' / 'head.npz')
