@@ -28,12 +28,7 @@ def config(name, mode=None, **fields):
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   c = mod.get_config(mode)
-  for k, v in fields.items():
-    *path, last = k.split('.')
-    node = c
-    for p in path:
-      node = node[p]
-    node[last] = v
+  c.update_from_flattened_dict(fields)   # 'a.b' keys, as --config.a.b= sets them
   return c
 
 

@@ -19,12 +19,7 @@ def local_config(**overrides):
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   c = mod.get_config('local')
-  for k, v in overrides.items():
-    node = c
-    *path, last = k.split('.')
-    for p in path:
-      node = node[p]
-    node[last] = v
+  c.update_from_flattened_dict(overrides)   # 'a.b' keys, as --config.a.b= sets them
   return c
 
 

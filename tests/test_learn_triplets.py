@@ -25,12 +25,7 @@ def tiny(**kw):
   c.triplets.update({'n_train': 400, 'n_val': 100, 'clusters': 4})
   c.steps, c.eval_every, c.checkpoint_every, c.batch_size, c.size, c.plots = 12, 4, 4, 16, 8, False
   c.lr, c.warmup = 0.1, 4
-  for k, v in kw.items():
-    node = c
-    *path, leaf = k.split('.')
-    for p in path:
-      node = node[p]
-    node[leaf] = v
+  c.update_from_flattened_dict(kw)   # 'a.b' keys, as --config.a.b= sets them
   return c
 
 
