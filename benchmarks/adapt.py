@@ -10,7 +10,7 @@ Both sides do the same work from the same initial weights and data: PCA-256 feat
 their mirrored images (two views), W 256 -> 1024 + ReLU, the symmetric softmax cross-entropy at each sigma
 (Eq. 1), full-batch Adam, and after every epoch the best-partner ranks of the test pairs (a rank is a count of
 larger scores) kept for every epoch.
-  ours       train.train_chunk (runs and sigmas vmapped, epochs in lax.scan), jitted; compile time apart
+  ours       adaptation_runs.train_chunk (runs and sigmas vmapped, epochs in lax.scan), jitted; compile time apart
   reference  what a competent PyTorch user writes: one weight tensor (runs x sigmas, 256, 1024), torch.bmm
              over that batch, both cross-entropies by F.cross_entropy on the (batch, N, N) logits, one
              torch.optim.Adam on the batch, the ranks under torch.inference_mode; intra-op threads = CPUs
@@ -40,7 +40,7 @@ from absl import app, flags  # noqa: E402
 
 import interleaved  # noqa: E402
 import precision  # noqa: E402
-from visim_jax import train  # noqa: E402
+from visim_jax.training import adaptation_runs  # noqa: E402
 
 PRESETS = {'small': dict(n_train=600, n_test=200, runs=2, epochs=10),
            'tll_step': dict(n_train=3149, n_test=1050, runs=1, epochs=3),
@@ -74,15 +74,15 @@ def check_agreement(ours, ref) -> dict:
                          'aR@k_abs': AR_TOL}}
 
 
-def make_inputs(p: dict, hp: train.Hparams, views: int):
+def make_inputs(p: dict, hp: adaptation_runs.Hparams, views: int):
   rng = np.random.RandomState(0)
-  data = train.RunData(
+  data = adaptation_runs.RunData(
       train_views=jnp.asarray(rng.randn(hp.runs, views, 2, p['n_train'], hp.pca_dim).astype(np.float32)),
       test=jnp.asarray(rng.randn(hp.runs, 2, p['n_test'], hp.pca_dim).astype(np.float32)))
-  return data, train.init_state(hp)
+  return data, adaptation_runs.init_state(hp)
 
 
-def torch_program(hp: train.Hparams, w0: np.ndarray, data: train.RunData):
+def torch_program(hp: adaptation_runs.Hparams, w0: np.ndarray, data: adaptation_runs.RunData):
   """The PyTorch version: returns run() -> (loss (R, S, E), test ranks of the last epoch (R, S, n_test))."""
   import torch
   f = torch.nn.functional
@@ -133,7 +133,7 @@ def main(_):
   p['epochs'] = _EPOCHS.value or p['epochs']
   if _N.value:
     p['n_train'], p['n_test'] = (int(x) for x in _N.value)
-  hp = train.Hparams(runs=p['runs'], epochs=p['epochs'], pca_dim=256, adapt_dim=1024,
+  hp = adaptation_runs.Hparams(runs=p['runs'], epochs=p['epochs'], pca_dim=256, adapt_dim=1024,
                      sigmas=tuple(map(float, _SIGMAS.value)), lr=1e-3)
   views = 2 if _FLIP.value else 1
   prec = precision.apply()
@@ -145,7 +145,7 @@ def main(_):
             'runs': hp.runs, 'sigmas': list(hp.sigmas), 'epochs': hp.epochs, 'views': views, 'dims': '256->1024',
             'work': 'runs x sigmas x epochs training steps', 'precision': prec}
 
-  prog = train.chunk_program()
+  prog = adaptation_runs.chunk_program()
   t0 = time.perf_counter()
   compiled = prog.lower(hp, state, data, hp.epochs).compile()
   result['ours_compile_s'] = time.perf_counter() - t0

@@ -77,7 +77,7 @@ def case(name: str, path: str, queries: int, n_pairs: int) -> dict:
   import jax.numpy as jnp
   import numpy as np
   from jax.sharding import NamedSharding, PartitionSpec as P
-  from visim_jax import device_rows, ops
+  from visim_jax.core import device_rows, ops
   from visim_jax.metrics import histograms as H
   from visim_jax.search import index as index_lib
   x = np.load(path, mmap_mode='r')

@@ -30,7 +30,7 @@ from absl import app, flags  # noqa: E402
 
 import interleaved  # noqa: E402
 import precision  # noqa: E402
-from visim_jax import features  # noqa: E402
+from visim_jax.backbones import features  # noqa: E402
 from visim_jax.backbones import efficientnet_lite, get_backbone  # noqa: E402
 from visim_jax.data import demo, images  # noqa: E402
 
@@ -127,7 +127,7 @@ def main(_):
 
   import torch
   torch.set_num_threads(os.cpu_count())
-  from visim_jax import safe_pickle
+  from visim_jax.core import safe_pickle
   model = torch_model(safe_pickle.load_torch_state_dict(efficientnet_lite.weights_path()), bb.layers)
   nchw = torch_model(safe_pickle.load_torch_state_dict(efficientnet_lite.weights_path()), bb.layers, False)
   xt = torch.from_numpy(x)

@@ -34,7 +34,7 @@ from absl import app, flags  # noqa: E402
 
 import interleaved  # noqa: E402
 import precision  # noqa: E402
-from visim_jax import features  # noqa: E402
+from visim_jax.backbones import features  # noqa: E402
 from visim_jax.backbones import get_backbone, hf  # noqa: E402
 from visim_jax.data import images  # noqa: E402
 

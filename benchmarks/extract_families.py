@@ -37,7 +37,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from visim_jax import features  # noqa: E402
+from visim_jax.backbones import features  # noqa: E402
 import precision  # noqa: E402  (benchmarks/precision.py; sys.path[0] is this folder)
 from visim_jax.backbones import convert, get_backbone  # noqa: E402
 

@@ -5,7 +5,7 @@ r"""The leaderboard's scoring time for one cell (a model on a 2AFC protocol, fea
 
 Same work on the same random feature table, judgements and bootstrap size, interleaved A B B A ... (>= 3
 alternations), median and spread (min, max) per path:
-  ours   visim_jax.similarity.pair_distances (jitted cosine distance in fixed batches) for d(ref, p0), d(ref, p1),
+  ours   visim_jax.zoo.scoring.pair_distances (jitted cosine distance in fixed batches) for d(ref, p0), d(ref, p1),
          then visim_jax.metrics.human.twoafc_interval (the 2AFC score + a vmapped 1,000-resample bootstrap)
   numpy  what a user would write: row-normalise, einsum the pairs, the LPIPS/DreamSim rule, a NumPy bootstrap
          (an (n_boot, T) index matrix, the rule's mean per resample), np.quantile
@@ -27,13 +27,15 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import precision  # noqa: E402
-from visim_jax import similarity  # noqa: E402
+from visim_jax.zoo import similarity  # noqa: E402
+from visim_jax.zoo import interface
+from visim_jax.zoo import scoring
 from visim_jax.metrics import human  # noqa: E402
 
 
 def ours(sim, feats, ref, p0, p1, judge, n_boot):
-  d0 = similarity.pair_distances(sim, feats, ref, feats, p0, 4096)
-  d1 = similarity.pair_distances(sim, feats, ref, feats, p1, 4096)
+  d0 = scoring.pair_distances(sim, feats, ref, feats, p0, 4096)
+  d1 = scoring.pair_distances(sim, feats, ref, feats, p1, 4096)
   return human.twoafc_interval(d0, d1, judge, n_resamples=n_boot)
 
 
@@ -64,7 +66,7 @@ def main():
   feats = rng.standard_normal((n_img, a.dim)).astype(np.float32)
   ref, p0, p1 = (rng.integers(0, n_img, t) for _ in range(3))
   judge = rng.choice([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], t).astype(np.float32)
-  sim = similarity.Similarity('cosine:random', 'cosine', similarity.cosine_distance, None, None, {})
+  sim = interface.Similarity('cosine:random', 'cosine', interface.cosine_distance, None, None, {})
 
   t0 = time.perf_counter()
   first = ours(sim, feats, ref, p0, p1, judge, a.n_boot)

@@ -8,12 +8,12 @@ compare: both sides train AligNet's head and loss from the same initial weights 
 D -> E on frozen features gathered by triplet rows (feats[tri[rows]]), raw dot-product pair similarities, JSD between
 softmax(teacher sims) and softmax(s / tau), Adam (constant lr, no weight decay: torch.optim.Adam is then the same
 update as optax's scale_by_adam + scale_by_learning_rate), `--steps` steps of batch `--batch`.
-  ours       triplet_training.chunk_program: the steps in one jitted lax.scan (gather + head + loss + Adam)
+  ours       head_step.chunk_program: the steps in one jitted lax.scan (gather + head + loss + Adam)
   reference  what a competent PyTorch user writes: torch.nn.Linear, index gathers, F.softmax / log, the JSD written
              out, torch.optim.Adam, a Python loop over the steps; intra-op threads = CPUs
 Before any timing the per-step losses of both sides are asserted equal (rtol 1e-4) and the final weights close.
 scale: --triplets index rows (int32) and teacher similarities (float32) over --images x --dim synthetic features,
-the memory estimate of triplet_stream.memory_bytes beside the measured peak RSS, the time of one epoch permutation,
+the memory estimate of triplet_index.memory_bytes beside the measured peak RSS, the time of one epoch permutation,
 and the median time of a step over --chunks chunks of --chunk_steps steps (compile apart).
 Prints one JSON object.
 """
@@ -35,8 +35,9 @@ from absl import app, flags  # noqa: E402
 
 import interleaved  # noqa: E402
 import precision  # noqa: E402
-from visim_jax import sharding, teacher_triplets, triplet_stream  # noqa: E402
-from visim_jax import triplet_training as tt  # noqa: E402
+from visim_jax.core import sharding  # noqa: E402
+from visim_jax.data import teacher_labels, triplet_index
+from visim_jax.training import head_step  # noqa: E402
 
 precision.define_flag()
 _MODE = flags.DEFINE_enum('mode', 'compare', ['compare', 'scale'], 'What to measure (see the docstring).')
@@ -51,8 +52,8 @@ _CHUNKS = flags.DEFINE_integer('chunks', 5, 'scale: timed chunks.')
 _CHUNK_STEPS = flags.DEFINE_integer('chunk_steps', 50, 'scale: steps per chunk.')
 
 
-def hparams(steps: int) -> tt.Hparams:
-  return tt.Hparams(head='affine', size=_EMB.value, loss='jsd', similarity='dot', tau=100.0, lr=1e-3,
+def hparams(steps: int) -> head_step.Hparams:
+  return head_step.Hparams(head='affine', size=_EMB.value, loss='jsd', similarity='dot', tau=100.0, lr=1e-3,
                     warmup_steps=0, schedule='constant', steps=steps, weight_decay=0.0, batch_size=_BATCH.value)
 
 
@@ -63,12 +64,12 @@ def make_data(n_images: int, dim: int, n_triplets: int, seed: int = 0):
   block = 1 << 22
   for s in range(0, n_triplets, block):     # three distinct images per row, in blocks (bounded temporaries)
     n = min(block, n_triplets - s)
-    tri[s:s + n] = np.stack(teacher_triplets.distinct(rng, np.full(n, n_images), 3), 1)
+    tri[s:s + n] = np.stack(teacher_labels.distinct(rng, np.full(n, n_images), 3), 1)
   sims = rng.standard_normal((n_triplets, 3), dtype=np.float32)
   return x, tri, sims
 
 
-def torch_reference(hp: tt.Hparams, x, tri, sims, rows, w0, b0):
+def torch_reference(hp: head_step.Hparams, x, tri, sims, rows, w0, b0):
   """A PyTorch training loop of the same head and loss; returns (run(), losses of the last run, final weight)."""
   import torch
   import torch.nn.functional as F
@@ -109,13 +110,13 @@ def compare() -> dict:
   prec = precision.apply()
   hp = hparams(_STEPS.value)
   x, tri, sims = make_data(_IMAGES.value, _DIM.value, _TRIPLETS.value)
-  rows = triplet_stream.Stream(len(tri), hp.batch_size, 0).rows(0, hp.steps)
+  rows = triplet_index.Stream(len(tri), hp.batch_size, 0).rows(0, hp.steps)
   mesh = sharding.make_mesh('batch')
   rep = sharding.replicated(mesh)
-  data = tt.Data(*(sharding.to_global(a, rep) for a in (x, tri, sims)))
-  rows_j = sharding.to_global(rows, tt.rows_sharding(mesh))
-  program = tt.chunk_program(hp, mesh)
-  state0 = jax.device_put(tt.init_state(hp, x.shape[1]), rep)
+  data = head_step.Data(*(sharding.to_global(a, rep) for a in (x, tri, sims)))
+  rows_j = sharding.to_global(rows, head_step.rows_sharding(mesh))
+  program = head_step.chunk_program(hp, mesh)
+  state0 = jax.device_put(head_step.init_state(hp, x.shape[1]), rep)
   w0, b0 = np.asarray(state0.params['w']), np.asarray(state0.params['b'])
   ours_out = {}
 
@@ -149,23 +150,23 @@ def scale() -> dict:
          'sizes': {'images': _IMAGES.value, 'dim': _DIM.value, 'emb': _EMB.value, 'batch': b, 'triplets': n,
                    'chunk_steps': k},
          'rss_mib': {'start': _rss_mib()}}
-  est = triplet_stream.memory_bytes(n, 0, _IMAGES.value, _DIM.value, _EMB.value, b, k, 3, jax.device_count())
+  est = triplet_index.memory_bytes(n, 0, _IMAGES.value, _DIM.value, _EMB.value, b, k, 3, jax.device_count())
   out['memory_estimate_mib'] = {w: v / 2**20 for w, v in est.items()}
   t = time.perf_counter()
   x, tri, sims = make_data(_IMAGES.value, _DIM.value, n)
   out['make_triplets_s'] = time.perf_counter() - t
   out['rss_mib']['data'] = _rss_mib()
-  stream = triplet_stream.Stream(n, b, 0)
+  stream = triplet_index.Stream(n, b, 0)
   t = time.perf_counter()
   stream.rows(0, 1)
   out['epoch_permutation_s'] = time.perf_counter() - t
   mesh = sharding.make_mesh('batch')
   rep = sharding.replicated(mesh)
-  data = tt.Data(*(sharding.to_global(a, rep) for a in (x, tri, sims)))
+  data = head_step.Data(*(sharding.to_global(a, rep) for a in (x, tri, sims)))
   del x, tri, sims
-  program = tt.chunk_program(hp, mesh)
-  state = jax.device_put(tt.init_state(hp, _DIM.value), rep)
-  rows_sh = tt.rows_sharding(mesh)
+  program = head_step.chunk_program(hp, mesh)
+  state = jax.device_put(head_step.init_state(hp, _DIM.value), rep)
+  rows_sh = head_step.rows_sharding(mesh)
   t = time.perf_counter()
   state, loss = program(state, data, sharding.to_global(stream.rows(0, k), rows_sh))
   jax.block_until_ready(loss)

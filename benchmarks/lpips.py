@@ -1,4 +1,4 @@
-r"""LPIPS pairs/s: ours (visim_jax/lpips.py, jitted) vs richzhang's `lpips` PyTorch package, same weights, same images.
+r"""LPIPS pairs/s: ours (visim_jax/models/lpips.py, jitted) vs richzhang's `lpips` PyTorch package, same weights, same images.
 
   python benchmarks/lpips.py                                  # alex + vgg, 64x64 (BAPPS) and 224x224, CPU sizes
   python benchmarks/lpips.py --nets=alex --sizes=64 --pairs=256 --alternations=5 --out=lpips.json
@@ -84,7 +84,7 @@ def main(argv=None) -> dict:
   tdev = 'cuda' if torch.cuda.is_available() else 'cpu'
   print(f'[lpips] {a.nets} at {a.sizes} px, torch on {tdev}, precision {prec["name"]}', file=sys.stderr, flush=True)
   import torch_init
-  from visim_jax import lpips
+  from visim_jax.models import lpips
   from visim_jax.backbones import weights as weights_lib
   ref_lpips = torch_init.import_lpips_package()
   if ref_lpips is None:

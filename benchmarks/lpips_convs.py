@@ -42,7 +42,7 @@ def main(argv=None) -> dict:
   if os.environ.get('ONE_THREAD'):
     torch.set_num_threads(1)
   import torch_init
-  from visim_jax import lpips
+  from visim_jax.models import lpips
   from visim_jax.backbones import weights as weights_lib
   net, n = a.net, a.n
   m = lpips.load_lpips(net)

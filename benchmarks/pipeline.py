@@ -38,7 +38,8 @@ from absl import app, flags  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import interleaved  # noqa: E402
-from visim_jax import features, sharding  # noqa: E402
+from visim_jax.backbones import features  # noqa: E402
+from visim_jax.core import sharding
 from visim_jax.backbones import get_backbone  # noqa: E402
 from visim_jax.data import images, pipeline  # noqa: E402
 

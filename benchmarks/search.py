@@ -4,7 +4,7 @@ r"""Look-alike search: our jitted blocked exact top-k (database sharded over the
   python benchmarks/search.py --preset=gpu                  # 4M x 1024 index (adapted dim), 1,024 queries
   python benchmarks/search.py --n=1000000 --dim=1024 --queries=512 --index_dtype=bfloat16
 
-Ours: visim_jax.search (build_index + search: each device scans its shard with visim_jax.ops.running_topk, the
+Ours: visim_jax.search (build_index + search: each device scans its shard with visim_jax.core.ops.running_topk, the
 package's one running top-k, then the shard candidates are merged). Reference: what a user writes with NumPy: normalise, one matmul per query chunk, np.argpartition + argsort
 of the top k (float32, all CPU threads), the normalisation of the database done once outside the timing as
 ours is (build_index). Both sides answer every query, timed interleaved (benchmarks/interleaved.py: one warm-up

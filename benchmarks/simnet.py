@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import interleaved  # noqa: E402
 import precision  # noqa: E402
-from visim_jax import simnet  # noqa: E402
+from visim_jax.models import simnet  # noqa: E402
 
 PRESETS = {
     'gpu': dict(arch='B', dim=512, queries=2048, database=65536, q_tile=512, d_tile=512, k=100,
@@ -108,7 +108,7 @@ def torch_rmac_reference(variables, white, images, grid, batch):
   import torch
   import torch.nn.functional as F
   from visim_jax.backbones import vgg
-  from visim_jax.preprocess import IMAGENET_MEAN, IMAGENET_STD
+  from visim_jax.data.preprocess import IMAGENET_MEAN, IMAGENET_STD
   dev = 'cuda' if torch.cuda.is_available() else 'cpu'
   layers, idx = [], iter(vgg.CONV_INDICES)
   for block in vgg.BLOCKS:
@@ -144,7 +144,7 @@ def torch_rmac_reference(variables, white, images, grid, batch):
 
 
 def rmac_benchmark(preset, args):
-  from visim_jax import rmac
+  from visim_jax.backbones import rmac
   from visim_jax.backbones import vgg
   cfg = dict(RMAC_PRESETS[preset])
   cfg.update({k: v for k, v in (('images', args.rmac_images), ('size', args.rmac_size), ('batch', args.rmac_batch))

@@ -8,9 +8,9 @@ Paths timed in the same run, on the same random feature table and triples:
                   headline against numpy_vector, the same cosine 2AFC in vectorised NumPy (what a user writes),
                   timed interleaved with it (benchmarks/interleaved.py: --repeats alternations, median, spread)
   python_loop     a per-triple Python loop with np.dot (--loop_triplets triples; a detail, not a headline)
-  jax_cs_models   visim_jax.triplets.predict_all: K context models (embed the table, cosine distances +
+  jax_cs_models   visim_jax.models.context.predict_all: K context models (embed the table, cosine distances +
                   the antisymmetric ranking block); throughput only (no reference)
-  jax_subset_sweep visim_jax.ensembles.subset_sweep: majority / PCA / MLP ensembles of all 2^K - 1 subsets of K
+  jax_subset_sweep visim_jax.models.ensembles.subset_sweep: majority / PCA / MLP ensembles of all 2^K - 1 subsets of K
                   models in one program, interleaved with a NumPy loop over the subsets vectorised over the
                   triplets (same accuracies checked)
 Compile time is reported apart (first call minus a steady call). Prints one JSON object; its `rows` are the
@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import interleaved  # noqa: E402
 import precision  # noqa: E402
-from visim_jax import ensembles, triplets as cs
+from visim_jax.models import ensembles, context as cs
 from visim_jax.metrics import twoafc
 
 

@@ -90,7 +90,8 @@ print('repository:', REPO)'''
 COMMON = r'''import glob, importlib.util, json, tempfile
 import jax
 from IPython.display import Image, display
-from visim_jax import main as visim_main, report
+from visim_jax import main as visim_main
+from visim_jax.core import report
 
 SMALL = os.environ.get('VISIM_NOTEBOOK_SMALL') == '1'   # tests: even smaller sizes
 CACHE = os.environ.get('VISIM_CACHE', os.path.expanduser('~/.cache/visim_jax'))  # demo images + feature cache
@@ -182,7 +183,7 @@ from visim_jax.data import demo
 
 adapter = os.path.join(WORKDIR, 'adapter.npz')
 if not os.path.exists(adapter):
-    adapter = export.from_workdir(WORKDIR, run=0)
+    adapter = adapter_file.from_workdir(WORKDIR, run=0)
 folder = demo.demo_pairs(config.demo.root or None, config.demo.n_pairs, config.demo.seed)
 common = dict(k=5, cache_dir=config.cache_dir, sheet_queries=4 if SMALL else 8, sheet_k=5, progress=False,
               verbose=False)

@@ -9,7 +9,7 @@ graded ones (load ~6, warm compile cache) 105 s wall, 24 s of CPU: cosine:effici
 0.875 / 0.812, BAPPS 2AFC traditional 0.900 / 0.825, JND traditional 0.776 / 0.815, THINGS 0.969 / 1.000;
 `:demo` is in docs/benchmark.md.
 
-Models (`config.models`, comma-separated; visim_jax/similarity.py): cosine:<backbone>[@layer+layer],
+Models (`config.models`, comma-separated; visim_jax/zoo/similarity.py): cosine:<backbone>[@layer+layer],
 adapter:<adapter.npz or adaptation workdir>, simnet:<SimNet workdir>, context:<CoSIS workdir>[@model|@mean],
 lpips:alex, lpips:vgg. Data (each optional; docs/benchmark.md gives every download layout): nights_dir (the folder
 with data.csv), bapps_dir (BAPPS `dataset/`: 2afc/val and jnd/val), things_dir (+ things_triplets), tll_dir

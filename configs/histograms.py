@@ -21,7 +21,7 @@ Documentation (every field, the fidelity table): docs/histograms.md. `:local` is
 """
 import ml_collections
 
-from visim_jax import features
+from visim_jax.experiments import config_fields
 
 
 def get_config(arg=None):
@@ -37,7 +37,7 @@ def get_config(arg=None):
   # features (image sources)
   # backbone, backbone_kwargs.{weights,random_init,tiny}, layers ('' = its default pooled stages),
   # image_batch_size, dtype ('float32' | 'bfloat16'), cache_dir ('' = ~/.cache/visim_jax/features)
-  features.add_fields(c)
+  config_fields.add_fields(c)
 
   # method (paper Sec. 3, 4.1, 9.1)
   c.normalization = 'target'   # 'none' | 'target' (this set's mean/std, the paper's default) | 'source'

@@ -22,7 +22,7 @@ docs/learn_triplets.md has the fidelity table.
 """
 import ml_collections
 
-from visim_jax import features
+from visim_jax.experiments import config_fields
 
 
 def get_config(arg=None):
@@ -30,7 +30,7 @@ def get_config(arg=None):
   c.experiment = 'learn_triplets'
   c.source = 'demo'            # 'demo' | 'folder' | 'files' | 'synthetic' | 'things' | 'nights'
   c.image_dir = ''             # 'folder': the image set the teacher labels
-  c.train_file = ''            # 'files': index files (visim_jax/triplet_stream.py format)
+  c.train_file = ''            # 'files': index files (visim_jax/data/triplet_index.py format)
   c.val_file = ''
   c.things_dir = ''            # 'things': the THINGS images and a triplet file (data/things.py forms)
   c.things_file = ''
@@ -43,7 +43,7 @@ def get_config(arg=None):
                                           'sampling': 'border', 'val_fraction': 0.2, 'kmeans_iters': 10})
 
   # the student's features (backbone, layers, image_batch_size, dtype, cache_dir, ...)
-  features.add_fields(c)
+  config_fields.add_fields(c)
 
   # the head and the loss
   c.head = 'affine'            # 'affine' (AligNet) | 'mlp' (DreamSim) | 'adapter' (paper 001) | 'embed' (paper 004)

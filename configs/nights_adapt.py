@@ -17,7 +17,7 @@ visim_jax/data/human_demo.py with EfficientNet-Lite0's packaged weights.
 """
 import ml_collections
 
-from visim_jax import features
+from visim_jax.experiments import config_fields
 
 
 def get_config(arg=None):
@@ -29,7 +29,7 @@ def get_config(arg=None):
   c.demo = ml_collections.ConfigDict({'root': '', 'seed': 0})
 
   # features (backbone, backbone_kwargs, layers, image_batch_size, dtype, cache_dir, pooling)
-  features.add_fields(c)
+  config_fields.add_fields(c)
 
   # the head
   c.model = 'adapter'          # 'adapter' (paper 001: ReLU(W PCA(x))) | 'triplet' (paper 004: x W)

@@ -15,7 +15,7 @@ one of the two alone is refused).
 """
 import ml_collections
 
-from visim_jax import features
+from visim_jax.experiments import config_fields
 
 
 def get_config(arg=None):
@@ -30,7 +30,7 @@ def get_config(arg=None):
   # features
   # backbone, backbone_kwargs.{weights,random_init,tiny}, layers ('' = its default pooled stages),
   # image_batch_size, dtype ('float32' | 'bfloat16'), cache_dir ('' = ~/.cache/visim_jax/features)
-  features.add_fields(c)
+  config_fields.add_fields(c)
   c.flip = True                # mirrored images as a second training view (reference code)
 
   # method

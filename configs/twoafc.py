@@ -17,7 +17,7 @@ pipeline: on the real annotations their out-of-sample accuracies are at chance (
 """
 import ml_collections
 
-from visim_jax import features
+from visim_jax.experiments import config_fields
 
 
 def get_config(arg=None):
@@ -31,7 +31,7 @@ def get_config(arg=None):
   # backbone (image_dir only)
   # backbone, backbone_kwargs.{weights,random_init,tiny}, layers ('' = its default pooled stages),
   # image_batch_size, dtype ('float32' | 'bfloat16'), cache_dir ('' = ~/.cache/visim_jax/features)
-  features.add_fields(c)
+  config_fields.add_fields(c)
 
   # context-sensitive models (one head per dist_<ref> set + the global model, one vmapped program)
   c.model = ml_collections.ConfigDict({

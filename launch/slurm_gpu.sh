@@ -7,7 +7,7 @@
 # The arguments of this script are passed to `python -m visim_jax.main` unchanged. Before srun starts the
 # tasks, the first node of the allocation becomes the JAX coordinator; each task then exports
 #   JAX_COORDINATOR_ADDRESS=<first node>:$VISIM_PORT  JAX_NUM_PROCESSES=$SLURM_NTASKS  JAX_PROCESS_ID=$SLURM_PROCID
-# and visim_jax.distributed.maybe_initialize() passes them to jax.distributed.initialize(). Only process 0
+# and visim_jax.training.distributed.maybe_initialize() passes them to jax.distributed.initialize(). Only process 0
 # writes metrics, plots and config.json; --workdir and the data must be on a file system every node sees.
 # Install first, on the shared file system: python -m venv $VISIM_VENV && $VISIM_VENV/bin/pip install "jax[cuda12]" ./
 #SBATCH --job-name=visim_jax

@@ -9,7 +9,7 @@
 #   2. copies this checkout (git archive of HEAD + uncommitted tracked changes) to every worker and installs it
 #      with `pip install "jax[tpu]" ./visim_jax` (skip with --no_install once it is installed);
 #   3. runs `VISIM_DISTRIBUTED=1 python -m visim_jax.main ARGS` on every worker at once (--worker=all):
-#      visim_jax.distributed.maybe_initialize() then calls jax.distributed.initialize(), which finds the
+#      visim_jax.training.distributed.maybe_initialize() then calls jax.distributed.initialize(), which finds the
 #      other workers through the TPU metadata; only process 0 writes metrics, plots and config.json.
 # Everything after `--` is passed to visim_jax.main unchanged. Data and --workdir must be readable/writable
 # from every worker (e.g. a Filestore/NFS mount or a gcsfuse-mounted bucket at the same path on every worker). Delete the VM yourself when done:

@@ -17,10 +17,10 @@ def main(out, ckpt, pid=None, nproc=None, port=None):
     jax.distributed.initialize(f'localhost:{port}', int(nproc), int(pid))
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   from test_adapt import HP, synthetic
-  from visim_jax import runtime, train
+  from visim_jax.training import runtime, adaptation_runs
   from visim_jax.experiments import adapt
   d = synthetic()
-  feats = train.Features(d['left'], d['right'], d['left_flip'], d['right_flip'])
+  feats = adaptation_runs.Features(d['left'], d['right'], d['left_flip'], d['right_flip'])
   fp = runtime.fingerprint(HP.__dict__, feats)
   with runtime.Run(ckpt, {'hparams': HP.__dict__}, fp, progress=False) as run:  # checkpoints in ckpt/checkpoints
     res = adapt.train_all(HP, feats, run, checkpoint_every=3, progress=False)

@@ -42,10 +42,10 @@ def demo_root(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def no_fault_hook_leaks():
-  """A test that sets visim_jax.runtime.FAULT_HOOK (fault injection) never leaves it set for the next test."""
+  """A test that sets visim_jax.training.runtime.FAULT_HOOK (fault injection) never leaves it set for the next test."""
   yield
   import sys
-  runtime = sys.modules.get('visim_jax.runtime')
+  runtime = sys.modules.get('visim_jax.training.runtime')
   if runtime is not None:
     runtime.FAULT_HOOK = None
 

@@ -11,7 +11,10 @@ import optax
 import pytest
 
 import subprocs
-from visim_jax import adaptation, pca, train
+from visim_jax.models import adaptation
+from visim_jax.losses import symmetric_ce
+from visim_jax.core import pca
+from visim_jax.training import adaptation_runs
 from visim_jax.experiments import adapt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,12 +47,12 @@ def features_config(path, **kw):
   return c
 
 
-HP = train.Hparams(runs=3, pca_dim=8, adapt_dim=32, epochs=7, sigmas=(15.0,), lr=1e-2, seed=3, select_epoch='test')
+HP = adaptation_runs.Hparams(runs=3, pca_dim=8, adapt_dim=32, epochs=7, sigmas=(15.0,), lr=1e-2, seed=3, select_epoch='test')
 
 
 def test_vmapped_runs_equal_runs_one_by_one():
   d = synthetic()
-  feats = train.Features(*(jnp.asarray(d[k]) for k in ('left', 'right', 'left_flip', 'right_flip')))
+  feats = adaptation_runs.Features(*(jnp.asarray(d[k]) for k in ('left', 'right', 'left_flip', 'right_flip')))
   hp = HP
   out = adapt.train_all(hp, feats, None, checkpoint_every=3, progress=False)
   n = d['left'].shape[0]
@@ -64,7 +67,7 @@ def test_vmapped_runs_equal_runs_one_by_one():
     opt = optax.adam(hp.lr)
     st = opt.init(params)
     for _ in range(hp.epochs):
-      loss_fn = lambda w: sum(adaptation.loss_fn(w, a, b, hp.sigmas[0]) for a, b in views) / 2
+      loss_fn = lambda w: sum(symmetric_ce.loss_fn(w, a, b, hp.sigmas[0]) for a, b in views) / 2
       g = jax.grad(loss_fn)(params)
       upd, st = opt.update(g, st, params)
       params = optax.apply_updates(params, upd)
@@ -73,14 +76,14 @@ def test_vmapped_runs_equal_runs_one_by_one():
     diff = np.abs(out['params']['w'][r, 0] - params['w'])
     assert diff.max() < 2e-3 and np.median(diff) < 2e-5, (diff.max(), np.median(diff))
     np.testing.assert_array_equal(out['test_idx'][r], te)
-    ranks = np.asarray(train.best_ranks(adaptation.adapt(params, t(d['left'][te])),
+    ranks = np.asarray(adaptation_runs.best_ranks(adaptation.adapt(params, t(d['left'][te])),
                                         adaptation.adapt(params, t(d['right'][te]))))
     np.testing.assert_array_equal(out['ranks'][r, 0, -1], ranks)
 
 
 def test_bfloat16_training_tracks_float32():
   d = synthetic()
-  feats = train.Features(d['left'], d['right'])
+  feats = adaptation_runs.Features(d['left'], d['right'])
   import dataclasses
   f32 = adapt.train_all(HP, feats, None, checkpoint_every=7, progress=False)
   bf16 = adapt.train_all(dataclasses.replace(HP, dtype='bfloat16'), feats, None, checkpoint_every=7,
@@ -99,7 +102,7 @@ def kill_after(step):
 
 
 def test_resume_after_kill_equals_no_kill(tmp_path, monkeypatch, capsys):
-  from visim_jax import runtime
+  from visim_jax.training import runtime
   np.savez(tmp_path / 'f.npz', **synthetic())
   full = adapt.run(features_config(tmp_path / 'f.npz'), str(tmp_path / 'full'), progress=False)
   monkeypatch.setattr(runtime, 'FAULT_HOOK', kill_after(8))
@@ -210,7 +213,7 @@ def _worker(args, env_extra, cwd):
 
 def _one_device_reference():
   d = synthetic()
-  feats = train.Features(d['left'], d['right'], d['left_flip'], d['right_flip'])
+  feats = adaptation_runs.Features(d['left'], d['right'], d['left_flip'], d['right_flip'])
   return adapt.train_all(HP, feats, None, checkpoint_every=3, progress=False, devices=jax.devices()[:1])
 
 

@@ -3,7 +3,9 @@ import jax
 import numpy as np
 import pytest
 
-from visim_jax import adaptation, pca
+from visim_jax.models import adaptation
+from visim_jax.losses import symmetric_ce
+from visim_jax.core import pca
 
 
 def np_loss(w, dl, dr, sigma):
@@ -23,7 +25,7 @@ def test_loss_matches_numpy(sigma):
   rng = np.random.RandomState(0)
   dl, dr = rng.randn(7, 8).astype(np.float32), rng.randn(7, 8).astype(np.float32)
   params = adaptation.init(jax.random.PRNGKey(0), 8, 16)
-  got = float(adaptation.loss_fn(params, dl, dr, sigma))
+  got = float(symmetric_ce.loss_fn(params, dl, dr, sigma))
   np.testing.assert_allclose(got, np_loss(np.asarray(params['w']), dl, dr, sigma), rtol=1e-5)
 
 
@@ -40,10 +42,10 @@ def test_loss_gradient_matches_plain_loop_numpy():
   for j in range(n):        # CE(S^T, I): column j, softmax over i
     for i in range(n):
       want[i, j] += (np.exp(s[i, j]) / np.exp(s[:, j]).sum() - (i == j)) / (2 * n)
-  np.testing.assert_allclose(jax.grad(adaptation.symmetric_ce)(s), want, atol=1e-6)
+  np.testing.assert_allclose(jax.grad(symmetric_ce.symmetric_ce)(s), want, atol=1e-6)
   dl, dr = rng.randn(6, 4), rng.randn(6, 4)
   w = rng.randn(4, 8) * 0.5
-  g = np.asarray(jax.grad(lambda w: adaptation.loss_fn({'w': w}, dl.astype(np.float32), dr.astype(np.float32),
+  g = np.asarray(jax.grad(lambda w: symmetric_ce.loss_fn({'w': w}, dl.astype(np.float32), dr.astype(np.float32),
                                                        15.0))(w.astype(np.float32)))
   for (a, b) in [(0, 0), (1, 3), (3, 7)]:
     e = np.zeros_like(w)

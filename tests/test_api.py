@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import visim_jax as vj
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 
 def _images(folder, n=3, size=(40, 36), seed=0):
@@ -44,7 +44,7 @@ def test_import_is_cheap():
 
 
 def test_embed_equals_cached_feature(lite0_model, tmp_path):
-  from visim_jax import features
+  from visim_jax.backbones import features
   paths = _images(str(tmp_path))
   assert lite0_model.spec == 'cosine:efficientnet_lite0'
   e = lite0_model.embed(paths)
@@ -67,7 +67,7 @@ def test_embed_equals_cached_feature(lite0_model, tmp_path):
 
 def test_apply_is_pure_and_matches_embed(lite0_model, tmp_path):
   paths = _images(str(tmp_path), n=2)
-  from visim_jax import features
+  from visim_jax.backbones import features
   from visim_jax.data import images
   sim = lite0_model.similarity
   x = images.load_batch(paths, sim.preprocess)   # what the command line feeds the network (uint8, 224 x 224)
@@ -94,7 +94,7 @@ def test_input_range_mistakes_are_one_line(lite0_model, lpips_alex):
 
 
 def test_lpips_distance_matches_the_module(lpips_alex, tmp_path):
-  from visim_jax import lpips
+  from visim_jax.models import lpips
   paths = _images(str(tmp_path), n=2, size=(32, 32))
   u = np.stack([np.asarray(Image.open(p)) for p in paths])
   want = np.asarray(lpips.lpips_distance(lpips_alex.similarity.params, u[:1], u[1:]))

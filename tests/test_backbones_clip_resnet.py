@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from torch_init import assert_stages_close, randomise, run_both
-from visim_jax import features
+from visim_jax.backbones import features
 from visim_jax.backbones import clip_resnet, convert_clip, get_backbone
 
 torch = pytest.importorskip('torch')

@@ -1,7 +1,7 @@
 """CLIP ResNet backbones without torch: random / tiny builds offline, paper dims, a clear error without weights."""
 import pytest
 
-from visim_jax import features
+from visim_jax.backbones import features
 from visim_jax.backbones import clip_resnet, convert_clip, get_backbone
 
 

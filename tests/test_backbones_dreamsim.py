@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from torch_init import randomise, run_both
-from visim_jax import features
+from visim_jax.backbones import features
 from visim_jax.backbones import convert, dreamsim, get_backbone, registry
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 torch = pytest.importorskip('torch')
 nn = torch.nn

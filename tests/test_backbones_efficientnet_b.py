@@ -14,7 +14,7 @@ from torch_init import assert_stages_close, randomise, run_both
 from visim_jax.backbones import efficientnet as effnet
 from visim_jax.backbones import convert, get_backbone, registry
 from visim_jax.backbones.efficientnet_lite import depthwise_conv
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 torch = pytest.importorskip('torch')
 nn = torch.nn

@@ -91,7 +91,7 @@ def test_every_family_builds_offline_with_tiny_and_random_init(monkeypatch):
 
 
 def test_real_architecture_with_random_weights_has_paper_dims():
-  from visim_jax import features
+  from visim_jax.backbones import features
   b = get_backbone('hf_resnet50', random_init=0)
   assert sum(features.layer_dims(b, b.layers).values()) == 3840  # paper 001 Table 1
   assert b.preprocess.size == 224 and b.preprocess.resize_to == 256

@@ -19,7 +19,7 @@ from torch_init import assert_stages_close, randomise, run_both
 from visim_jax.backbones import convert, get_backbone, registry, siglip
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.data import images as images_lib
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')

@@ -12,7 +12,7 @@ import pytest
 
 from torch_init import assert_stages_close, randomise, run_both
 from visim_jax.backbones import convert, get_backbone, registry, vit
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 torch = pytest.importorskip('torch')
 nn = torch.nn

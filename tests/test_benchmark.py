@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from visim_jax import main
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,7 +80,7 @@ def test_one_cell_equals_loaders_plus_numpy(demo_run):
   """BAPPS 2AFC 'traditional' for cosine:efficientnet_lite0, recomputed from the loader, features.py and the
   LPIPS rule written here: (d0 < d1)(1 - j) + (d1 < d0) j + 0.5 (d0 == d1) with d = 1 - cos."""
   c, work, summary, tmp = demo_run
-  from visim_jax import features
+  from visim_jax.backbones import features
   from visim_jax.backbones import registry
   from visim_jax.data import bapps, human_demo
   d = human_demo.demo_sets(c.demo.root, c.demo.seed)
@@ -102,7 +102,7 @@ def test_lpips_cell_equals_lpips_on_the_native_images(demo_run):
   native resolution, no resize), then the rule in NumPy."""
   c, work, summary, tmp = demo_run
   from PIL import Image
-  from visim_jax import lpips
+  from visim_jax.models import lpips
   from visim_jax.data import bapps, human_demo
   d = human_demo.demo_sets(c.demo.root, c.demo.seed)
   s = bapps.load_2afc(d.bapps, 'val', ['traditional'])['traditional']
@@ -130,7 +130,9 @@ def test_no_data_and_bad_models_are_one_line(tmp_path):
 
 def test_tll_and_classes_protocols_match_plain_loops(tmp_path):
   """aR@k (pessimistic ties) and leave-one-out mAP of a tiny random backbone, against loops over its features."""
-  from visim_jax import features, similarity
+  from visim_jax.backbones import features
+  from visim_jax.zoo import similarity
+  from visim_jax.zoo import interface
   from visim_jax.data import classes as classes_lib, demo, pairs as pairs_lib
   tll = demo.demo_pairs(str(tmp_path / 'demo'), n_pairs=8)
   cls = tmp_path / 'classes'
@@ -141,7 +143,7 @@ def test_tll_and_classes_protocols_match_plain_loops(tmp_path):
   c = demo_config(tmp_path, dataset='folders', tll_dir=tll, classes_dir=str(cls), ks=(1, 2),
                   models='cosine:resnet18:tiny')
   r = main.run(c, str(tmp_path / 'w'))['results']['cosine:resnet18:tiny']
-  sim = similarity.build('cosine:resnet18:tiny', similarity.Options(c.cache_dir, 8, 'float32', False))
+  sim = similarity.build('cosine:resnet18:tiny', interface.Options(c.cache_dir, 8, 'float32', False))
   p = pairs_lib.load_pairs(tll)
   f = sim.featurize(p.left + p.right, 'x')
   n = len(p)

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from visim_jax.data import classes
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 
 def write_folder(root, sizes=(3, 2, 0), size=24):
@@ -88,7 +88,7 @@ def test_read_class_tree(tmp_path):
 
 def test_tfds_mock_source(tmp_path):
   tfds = pytest.importorskip('tensorflow_datasets')
-  from visim_jax.preprocess import Preprocess
+  from visim_jax.data.preprocess import Preprocess
   with tfds.testing.mock_data(num_examples=5):
     source, names = classes.tfds_source('imagenet2012', 'validation', str(tmp_path))
     assert len(source) == 5 and len(names) == 1000 and names[0].startswith('n0')

@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from visim_jax import compile_cache, main
+from visim_jax.training import compile_cache
+from visim_jax import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'configs'))

@@ -9,9 +9,10 @@ import re
 import numpy as np
 import pytest
 
-from visim_jax import features as features_lib
+from visim_jax.backbones import features as features_lib
 from visim_jax import main
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
+from visim_jax.experiments import config_fields
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, 'configs')
@@ -91,21 +92,21 @@ def small(c):
 
 def check_before_extraction(c, demo_root, cache):
   """What a run checks before any image is read: config fields, the file list, sizes vs the backbone."""
-  c = features_lib.select_source(c)
+  c = config_fields.select_source(c)
   exp = c.experiment
   if exp == 'adapt':
     from visim_jax.data import pairs as pairs_lib
     from visim_jax.experiments import adapt
     adapt.validate_config(c)
-    pairs, _ = pairs_lib.from_config(c)
-    backbone, layers = features_lib.build(features_lib.options(c))
+    pairs, _ = config_fields.pairs(c)
+    backbone, layers = features_lib.build(config_fields.options(c))
     adapt.check_sizes(adapt.hparams_from_config(c), len(pairs), sum(backbone.layer_dims(layers).values()),
                       [int(k) for k in c.ks])
   elif exp == 'simnet':
     from visim_jax.experiments import simnet
     simnet.validate_config(c)
     if c.mode != 'warmup' and c.dataset != 'features':
-      features_lib.build(features_lib.options(c))
+      features_lib.build(config_fields.options(c))
   else:  # histograms, twoafc, ...: their own validation where they have one
     module = __import__(f'visim_jax.experiments.{exp}', fromlist=['run'])
     if hasattr(module, 'validate_config'):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from visim_jax.backbones import alexnet, convert, get_backbone, registry, weights
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 torch = pytest.importorskip('torch')
 

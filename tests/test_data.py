@@ -7,8 +7,9 @@ import pytest
 from PIL import Image
 
 from conftest import shared_data
-from visim_jax.preprocess import Preprocess
+from visim_jax.data.preprocess import Preprocess
 from visim_jax.data import demo, images, pairs
+from visim_jax.experiments import config_fields
 
 
 def test_image_errors_name_the_file(tmp_path):
@@ -134,6 +135,6 @@ def test_demo_honours_cache_dir_and_umask(tmp_path, monkeypatch):
   assert not [n for n in os.listdir(tmp_path / 'cache' / 'demo') if n.startswith('.tmp')]
   from ml_collections import ConfigDict
   cfg = ConfigDict({'demo': {'root': '', 'n_pairs': 8, 'seed': 3}, 'cache_dir': str(tmp_path / 'cache')})
-  assert demo.from_config(cfg) == folder
+  assert config_fields.demo_root(cfg) == folder
   with pytest.raises(ValueError, match='config.demo.n_pairs'):
     demo.demo_pairs(str(tmp_path), n_pairs=4)

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from visim_jax import leaderboard
-from visim_jax.errors import UserError
+from visim_jax.metrics import leaderboard
+from visim_jax.core.errors import UserError
 from visim_jax.metrics import degenerate, human, map as map_lib, retrieval, twoafc
 
 CI = dict(n_resamples=50, seed=0)
@@ -172,7 +172,7 @@ def test_too_few_resamples_are_refused():
 def test_lpips_of_identical_images_is_exactly_zero(net):
   """Issue 28: ~1e-16 when both embeddings and the distance were one jitted program (an FMA in the fused
   normalise-and-subtract), which reordered identical pairs in BAPPS JND."""
-  from visim_jax import lpips
+  from visim_jax.models import lpips
   model = lpips.load_lpips(net, tiny=True)
   x = np.random.RandomState(6).randint(0, 256, (4, 32, 32, 3)).astype(np.uint8)
   y = x.copy()

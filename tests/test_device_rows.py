@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from visim_jax import device_rows, ops
+from visim_jax.core import device_rows, ops
 from visim_jax.metrics import blocked_histograms as B
 from visim_jax.search import index as index_lib
 

@@ -1,4 +1,4 @@
-"""visim_jax.distributed: which environments initialise jax.distributed and with what (no real cluster needed),
+"""visim_jax.training.distributed: which environments initialise jax.distributed and with what (no real cluster needed),
 plus one real two-process localhost start-up on CPU."""
 import os
 import shutil
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import subprocs
-from visim_jax import distributed
+from visim_jax.training import distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,7 +62,7 @@ def test_bad_values_name_the_variable(env, match):
 
 CHILD = """
 import jax
-from visim_jax import distributed
+from visim_jax.training import distributed
 kw = distributed.maybe_initialize()
 assert distributed.maybe_initialize() == kw  # idempotent
 print('RESULT', jax.process_index(), jax.process_count(), len(jax.devices()), flush=True)

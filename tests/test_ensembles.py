@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import ensembles as E
+from visim_jax.models import ensembles as E
 
 
 def _np_fused(w, d_a, d_b, truth):

@@ -9,7 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-from visim_jax import errors, runtime
+from visim_jax.core import memory
+
+from visim_jax.core import errors
+from visim_jax.training import runtime
+from visim_jax.experiments import config_fields
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ['--config.runs=2', '--config.epochs=4', '--config.pca_dim=4', '--config.adapt_dim=8', '--config.ks=(1,2)',
@@ -139,19 +143,19 @@ def test_table1_reuses_a_backbone_only_under_the_same_data(tmp_path, monkeypatch
   """A finished backbone's metrics.json is read back only when its fingerprint (data included) matches: a
   subset cut at the same path changes the features, so the backbone runs again (refused if checkpoints differ)."""
   from ml_collections import config_dict
-  from visim_jax import features as features_lib
-  from visim_jax import train
+  from visim_jax.backbones import features as features_lib
+  from visim_jax.training import adaptation_runs
   from visim_jax.experiments import adapt, table1
   sys.path.insert(0, os.path.join(ROOT, 'configs'))
   import importlib
   c = table1.adapt_config(importlib.import_module('table1').get_config('demo'), 'resnet18:tiny')
   rng = np.random.RandomState(0)
-  full = train.Features(rng.randn(96, 8).astype(np.float32), rng.randn(96, 8).astype(np.float32))
-  cut = train.Features(full.left[:80], full.right[:80])
+  full = adaptation_runs.Features(rng.randn(96, 8).astype(np.float32), rng.randn(96, 8).astype(np.float32))
+  cut = adaptation_runs.Features(full.left[:80], full.right[:80])
   fp = adapt.fingerprint(adapt.hparams_from_config(c), full).digest
   sub = tmp_path / 'resnet18_tiny'
   sub.mkdir()
-  m = {'config': json.loads(json.dumps(features_lib.recorded_config(c, uses_backbone=True))), 'fingerprint': fp}
+  m = {'config': json.loads(json.dumps(config_fields.recorded_config(c, uses_backbone=True))), 'fingerprint': fp}
   (sub / 'metrics.json').write_text(json.dumps(m))
   for data, want in ((full, m), (cut, None)):
     monkeypatch.setattr(adapt, 'load_features', lambda *a, d=data, **k: (d, None, None, {}))
@@ -159,7 +163,7 @@ def test_table1_reuses_a_backbone_only_under_the_same_data(tmp_path, monkeypatch
 
 
 def test_collapse_signs_name_the_likely_field():
-  from visim_jax import collapse
+  from visim_jax.training import collapse
   n_fit, ok_loss = 81, np.full((2, 1, 5), 3.0, np.float32)
   ranks = np.tile(np.arange(30), (2, 1, 5, 1))
   assert collapse.sign(ok_loss, ranks, n_fit, 1.0, 0) is None
@@ -181,16 +185,15 @@ def test_collapse_signs_name_the_likely_field():
 
 
 def test_size_messages_name_the_field_that_is_wrong(monkeypatch):
-  from visim_jax import train
+  from visim_jax.training import adaptation_runs
   from visim_jax.experiments import adapt
-  from visim_jax.metrics import blocked_histograms
-  monkeypatch.setattr(blocked_histograms, 'memory_limit_bytes', lambda: 8 * 2**30)  # the same on every machine
+  monkeypatch.setattr(memory, 'limit_bytes', lambda: 8 * 2**30)  # the same on every machine
   with pytest.raises(errors.UserError, match=r'^config\.train_fraction: 0\.99 leaves a test split of 2 pairs'):
-    adapt.check_sizes(train.Hparams(train_fraction=0.99, pca_dim=8), 120, 64, [1, 5, 20])
+    adapt.check_sizes(adaptation_runs.Hparams(train_fraction=0.99, pca_dim=8), 120, 64, [1, 5, 20])
   with pytest.raises(errors.UserError, match=r'^config\.ks: the largest k = 100 exceeds'):
-    adapt.check_sizes(train.Hparams(pca_dim=8), 120, 64, [1, 100])
+    adapt.check_sizes(adaptation_runs.Hparams(pca_dim=8), 120, 64, [1, 100])
   with pytest.raises(errors.UserError, match=r'^config\.adapt_dim: this run needs at least [\d,.]+ GiB'):
-    adapt.check_sizes(train.Hparams(pca_dim=8, adapt_dim=10**7, runs=2), 120, 64, [1, 5])
+    adapt.check_sizes(adaptation_runs.Hparams(pca_dim=8, adapt_dim=10**7, runs=2), 120, 64, [1, 5])
   with pytest.raises(errors.UserError, match=r'^config\.ensemble\.grid: must be an integer in \[2,'):
     from ml_collections import config_dict
     from visim_jax.experiments import twoafc
@@ -222,16 +225,16 @@ def test_features_file_refusals_name_the_file(tmp_path, case):
 
 
 def test_adapter_of_random_bytes_and_out_folder_are_named(tmp_path):
-  from visim_jax import export
+  from visim_jax.training import adapter_file
   bad = tmp_path / 'random.npz'
   bad.write_bytes(np.random.RandomState(0).bytes(4000))
   with pytest.raises(errors.UserError, match=f'^{bad}: unreadable adapter file'):
-    export.load_adapter(str(bad))
+    adapter_file.load_adapter(str(bad))
   folder = tmp_path / 'existing'
   folder.mkdir()
   arrays = dict(pca_mean=np.zeros(4), pca_components=np.eye(4, 2), pca_scale=np.ones(2), w=np.ones((2, 3)))
   with pytest.raises(IsADirectoryError) as e:
-    export.save_adapter(str(folder), **arrays, meta=dict.fromkeys(export.META_KEYS))
+    adapter_file.save_adapter(str(folder), **arrays, meta=dict.fromkeys(adapter_file.META_KEYS))
   assert errors.one_line(e.value).startswith(f'{folder}: Is a directory')
   assert os.listdir(folder) == []  # no temporary file left
 

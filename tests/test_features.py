@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from visim_jax import features
+from visim_jax.backbones import features
 from visim_jax.backbones import get_backbone
 
 
@@ -123,7 +123,7 @@ def test_extraction_on_eight_devices_equals_one(tmp_path, tiny):
 def test_read_only_cache_is_read_and_a_miss_refused_before_extraction(tmp_path, tiny, monkeypatch):
   """A read-only cache that holds every feature is read (not refused as "not writable"); one that misses a
   feature is refused naming the folder before anything is extracted."""
-  from visim_jax.errors import UserError
+  from visim_jax.core.errors import UserError
   paths = _images(str(tmp_path / 'img'))
   cache = str(tmp_path / 'cache')
   kw = dict(cache_dir=cache, batch_size=4, progress=False, tag='t')

@@ -1,4 +1,4 @@
-"""Weights and data in one call (visim_jax/download.py, fetch.py) on real HTTP transport: a server on 127.0.0.1
+"""Weights and data in one call (visim_jax/hub/download.py, fetch.py) on real HTTP transport: a server on 127.0.0.1
 serves fabricated files at each source's exact URL path (VISIM_FETCH_BASE_URL points every request at it)."""
 import dataclasses
 import hashlib
@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from visim_jax import download, fetch, sources
-from visim_jax.errors import UserError
+from visim_jax.hub import download, sources
+from visim_jax import fetch
+from visim_jax.core.errors import UserError
 
 
 class Server:

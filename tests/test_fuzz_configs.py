@@ -16,9 +16,11 @@ import sys
 import numpy as np
 import pytest
 
+from visim_jax.core import memory
+
 from test_configs import documented_modes, load
 from visim_jax import main
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HUGE = 2**64
@@ -70,7 +72,7 @@ def set_field(c, field, value):
 def placeholders(c, validate, tmp) -> list:
   """Data fields the mode needs (a folder or file it names when empty), filled with a placeholder path so that
   only the fuzzed field can be wrong: [(field, path)]."""
-  from visim_jax import checks
+  from visim_jax.experiments import checks
   fill = []
   for _ in range(4):
     try:
@@ -158,8 +160,7 @@ def snapshot(wd):
     ('lr', 1e30), ('sigmas', (1e30,)),                                                # at the first chunk
 ])
 def test_a_failed_run_leaves_a_finished_workdir_as_it_was(finished, field, value, monkeypatch):
-  from visim_jax.metrics import blocked_histograms
-  monkeypatch.setattr(blocked_histograms, 'memory_limit_bytes', lambda: 8 * 2**30)  # the same on every machine
+  monkeypatch.setattr(memory, 'limit_bytes', lambda: 8 * 2**30)  # the same on every machine
   features, wd = finished
   before = snapshot(wd)
   assert {'config.json', 'fingerprint.json', 'metrics.json', 'adapter.npz'} <= set(before)

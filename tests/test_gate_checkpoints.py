@@ -1,8 +1,7 @@
 """The gate for checkpoints (issue 28 items 2, 7 and 8): every malformed checkpoint the converter, the DreamSim folder
 conversion and the weight loaders can meet ends as one user-error line naming the file; a shard index cannot lead
-outside its folder; backbones/ (and the whole package) has no import circle. Fixtures are made in tmp_path.
+outside its folder (the import graph: tests/test_house.py). Fixtures are made in tmp_path.
 """
-import ast
 import json
 import os
 import pickle
@@ -14,9 +13,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from visim_jax import readers, safe_pickle
+from visim_jax.core import readers, safe_pickle
 from visim_jax.backbones import convert, dreamsim, packaged, weights
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 from user_errors import refused
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -174,88 +173,6 @@ def test_converter_cli_refuses_in_one_line_and_writes_nothing(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------- import graph
-
-def _modules(pkg_root):
-  out = {}
-  for d, _, fs in os.walk(pkg_root):
-    for f in fs:
-      if f.endswith('.py'):
-        rel = os.path.relpath(os.path.join(d, f), os.path.dirname(pkg_root))[:-3].replace(os.sep, '.')
-        out[rel.removesuffix('.__init__')] = os.path.join(d, f)
-  return out
-
-
-def import_graph(pkg_root):
-  """{module: modules of the package it imports} from every import statement (ast: nothing is executed), lazy
-  imports inside functions included."""
-  mods = _modules(pkg_root)
-  graph = {m: set() for m in mods}
-  for m, path in mods.items():
-    package = m if path.endswith('__init__.py') else m.rpartition('.')[0]
-    for node in ast.walk(ast.parse(open(path).read())):
-      if isinstance(node, ast.Import):
-        graph[m] |= {a.name for a in node.names if a.name in mods}
-      elif isinstance(node, ast.ImportFrom):
-        base = node.module or ''
-        if node.level:
-          parts = package.split('.')[:len(package.split('.')) - node.level + 1]
-          base = '.'.join(parts + ([base] if base else []))
-        for a in node.names:
-          full = f'{base}.{a.name}'
-          graph[m].add(full if full in mods else base) if (full in mods or base in mods) else None
-  return graph
-
-
-def cycles(graph):
-  """The strongly connected components with more than one module (or a module importing itself)."""
-  index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
-
-  def visit(v):
-    index[v] = low[v] = counter[0]
-    counter[0] += 1
-    stack.append(v)
-    on.add(v)
-    for w in sorted(graph[v]):
-      if w not in index:
-        visit(w)
-        low[v] = min(low[v], low[w])
-      elif w in on:
-        low[v] = min(low[v], index[w])
-    if low[v] == index[v]:
-      comp = []
-      while True:
-        w = stack.pop()
-        on.discard(w)
-        comp.append(w)
-        if w == v:
-          break
-      if len(comp) > 1 or v in graph[v]:
-        out.append(sorted(comp))
-
-  sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
-  for v in sorted(graph):
-    if v not in index:
-      visit(v)
-  return out
-
-
-def test_cycle_finder_finds_a_circle(tmp_path):
-  pkg = tmp_path / 'pkg'
-  (pkg / 'sub').mkdir(parents=True)
-  (pkg / '__init__.py').write_text('')
-  (pkg / 'sub' / '__init__.py').write_text('')
-  (pkg / 'a.py').write_text('from pkg.sub import b\n')
-  (pkg / 'sub' / 'b.py').write_text('def f():\n  from .. import c\n')
-  (pkg / 'c.py').write_text('import pkg.a\n')
-  (pkg / 'd.py').write_text('from pkg import a\n')
-  assert cycles(import_graph(str(pkg))) == [['pkg.a', 'pkg.c', 'pkg.sub.b']]
-
-
-def test_visim_jax_has_no_import_circle():
-  graph = import_graph(os.path.join(ROOT, 'visim_jax'))
-  assert 'visim_jax.backbones.store' in graph['visim_jax.backbones.registry']
-  assert cycles(graph) == []
-
 
 def test_lpips_channels_are_the_trunks_widths():
   from visim_jax.backbones import alexnet, vgg

@@ -12,10 +12,10 @@ import pickle
 import numpy as np
 import pytest
 
-from visim_jax import readers
+from visim_jax.core import readers
 from visim_jax.data import bapps, images, nights, pairs, resolve, retrieval, things
-from visim_jax.data import triplets as tdata
-from visim_jax.errors import UserError
+from visim_jax.data import cosis
+from visim_jax.core.errors import UserError
 from user_errors import refused
 
 
@@ -175,16 +175,16 @@ def test_generic_triplet_csv_paths_stay_beside_it(tmp_path):
     _touch(tmp_path / 'set' / n)
   csv_path = tmp_path / 'set' / 'set.csv'
   csv_path.write_text('\ufeffref,a,b,label\nr.png,x.png,y.png,a\n', encoding='utf-8')
-  assert len(tdata.load_triplet_csv(str(csv_path))) == 1
+  assert len(cosis.load_triplet_csv(str(csv_path))) == 1
   csv_path.write_text(f'r.png,x.png,{tmp_path / "set" / "y.png"},a\n')
-  refused(lambda: tdata.load_triplet_csv(str(csv_path)), f'{csv_path}:line 1: b', 'absolute')
+  refused(lambda: cosis.load_triplet_csv(str(csv_path)), f'{csv_path}:line 1: b', 'absolute')
   csv_path.write_text('r.png,../set/x.png,y.png,a\n')
-  refused(lambda: tdata.load_triplet_csv(str(csv_path)), f'{csv_path}:line 1: a', 'outside')
+  refused(lambda: cosis.load_triplet_csv(str(csv_path)), f'{csv_path}:line 1: a', 'outside')
   d = tmp_path / 'dist_1.txt'
   d.write_text('1 2 1 3 2 99999999999999999999 3\n')
-  refused(lambda: tdata.read_cosis_rows(str(d)), f'{d}:line 1', '2^31')
+  refused(lambda: cosis.read_cosis_rows(str(d)), f'{d}:line 1', '2^31')
   d.write_bytes(b'1 2 1 3 2 4 3\n\xfe\n')
-  refused(lambda: tdata.read_cosis_rows(str(d)), f'{d}:line 2', 'not UTF-8')
+  refused(lambda: cosis.read_cosis_rows(str(d)), f'{d}:line 2', 'not UTF-8')
 
 
 def test_retrieval_ground_truth_with_bad_values(tmp_path):

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
 PATH_FIELDS = ('data_dir', 'subset', 'features', 'nights_dir', 'bapps_dir', 'things_dir', 'things_triplets',

@@ -16,8 +16,10 @@ import sys
 import numpy as np
 import pytest
 
+from visim_jax.core import memory
+
 from visim_jax import main
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HUGE_MEMORY = 1 << 40     # the machine's memory as the estimate sees it (8 GiB below): the same everywhere
@@ -59,8 +61,7 @@ def refused(c, wd, starts: str) -> str:
 
 @pytest.fixture(autouse=True)
 def eight_gib(monkeypatch):
-  from visim_jax.metrics import blocked_histograms
-  monkeypatch.setattr(blocked_histograms, 'memory_limit_bytes', lambda: 8 * 2**30)
+  monkeypatch.setattr(memory, 'limit_bytes', lambda: 8 * 2**30)
 
 
 def break_image(path, how):

@@ -9,11 +9,15 @@ import sys
 
 import numpy as np
 import pytest
+
+from visim_jax.core import memory
 from PIL import Image
 
-from visim_jax import export, search
-from visim_jax import similarity as S
-from visim_jax.errors import UserError
+from visim_jax import search
+from visim_jax.training import adapter_file
+from visim_jax.zoo import similarity as S
+from visim_jax.zoo import interface
+from visim_jax.core.errors import UserError
 from visim_jax.search import folder as folder_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,8 +64,8 @@ def test_degenerate_vectors_are_refused():
 def test_search_with_a_zero_adapter_is_refused(photos, lite0, tmp_path):
   d = 1776
   rng = np.random.RandomState(2)
-  zero = export.save_adapter(str(tmp_path / 'w0.npz'), np.zeros(d), rng.randn(d, 4), np.ones(4), np.zeros((4, 6)),
-                             meta=export.backbone_meta(lite0))
+  zero = adapter_file.save_adapter(str(tmp_path / 'w0.npz'), np.zeros(d), rng.randn(d, 4), np.ones(4), np.zeros((4, 6)),
+                             meta=adapter_file.backbone_meta(lite0))
   with pytest.raises(UserError, match=r'^--adapter: .*w0.npz: every image maps to the zero vector'):
     search.run(photos, ['all'], adapter=zero, out=str(tmp_path / 'z'), cache_dir='none', progress=False)
   assert not os.path.exists(tmp_path / 'z' / 'results.json')
@@ -100,7 +104,7 @@ def test_cli_one_line_no_traceback(photos):
 ])
 def test_bad_layers_in_a_spec(spec, needle):
   with pytest.raises(UserError, match=r'^config.models: ') as e:
-    S.split_specs(spec)
+    interface.split_specs(spec)
   assert needle in str(e.value) and '\n' not in str(e.value)
 
 
@@ -147,11 +151,11 @@ def test_export_takes_only_adaptation_workdirs(tmp_path):
   wd = _workdir(tmp_path / 'na', {'experiment': 'nights_adapt'})
   with pytest.raises(UserError, match=r'^--workdir: .*na: a nights_adapt workdir; it wrote .*adapter.npz itself; '
                                       'export takes the workdir of an adaptation run'):
-    export.from_workdir(wd)
+    adapter_file.from_workdir(wd)
   with pytest.raises(UserError, match='a benchmark workdir'):
-    export.from_workdir(_workdir(tmp_path / 'b', {'experiment': 'benchmark'}))
+    adapter_file.from_workdir(_workdir(tmp_path / 'b', {'experiment': 'benchmark'}))
   with pytest.raises(UserError, match=r'checkpoints: not an adaptation checkpoint'):
-    export.from_workdir(_workdir(tmp_path / 'r', {'experiment': 'adapt'}, os.urandom(200)))
+    adapter_file.from_workdir(_workdir(tmp_path / 'r', {'experiment': 'adapt'}, os.urandom(200)))
   assert not os.path.exists(os.path.join(wd, 'adapter.npz'))
 
 
@@ -164,8 +168,7 @@ def test_classify_says_which_model_and_what_the_numbers_are(photos, lite0):
 
 
 def test_search_memory_is_estimated_before_the_index_is_built(photos, tmp_path, monkeypatch):
-  from visim_jax.metrics import blocked_histograms
-  monkeypatch.setattr(blocked_histograms, 'memory_limit_bytes', lambda: 2**20)   # a 1 MiB "device"
+  monkeypatch.setattr(memory, 'limit_bytes', lambda: 2**20)   # a 1 MiB "device"
   with pytest.raises(UserError, match=r'^--query_block: the search index needs at least .* GiB .*lower '
                                       r'--query_block or --block or --index_dtype$'):
     search.run(photos, ['all'], out=str(tmp_path / 'm'), cache_dir='none', progress=False, block=4096,

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 from visim_jax.metrics import blocked_histograms as B
 from visim_jax.metrics import histograms as H
 from visim_jax.metrics import knn

@@ -8,7 +8,7 @@ import pytest
 
 from visim_jax import main
 from visim_jax.metrics import histograms as H
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -123,7 +123,7 @@ def tiny_backbone(random_init=0, **unused):
   import jax
   import jax.numpy as jnp
   from visim_jax.backbones.base import Backbone
-  from visim_jax.preprocess import Preprocess
+  from visim_jax.data.preprocess import Preprocess
   w = jax.random.normal(jax.random.PRNGKey(random_init), (3, 8))
 
   def apply_fn(variables, x):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from visim_jax.data import bapps, human_demo, nights, things
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 
 def _copy(src, tmp_path):

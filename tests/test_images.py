@@ -156,7 +156,7 @@ def test_torch_bilinear_equals_torch_interpolate():
   """The seed's transform: ToTensor then Resize([224, 224]) on the tensor = F.interpolate(bilinear,
   align_corners=False), no antialiasing, no rounding; ours on the 0..255 scale."""
   torch = pytest.importorskip('torch')
-  from visim_jax.preprocess import Preprocess
+  from visim_jax.data.preprocess import Preprocess
   rng = np.random.RandomState(0)
   for h, w, size in ((37, 53, 16), (10, 9, 24), (64, 64, 64)):  # shrink, enlarge, same size
     arr = rng.randint(0, 256, (h, w, 3)).astype(np.uint8)
@@ -180,7 +180,7 @@ def test_torch_bilinear_is_torchs_float32_arithmetic():
   bit on photo-like shrinks and within 2 float32 ulps (3.1e-5) everywhere; on the seed's 0..1 scale (ToTensor,
   then Resize on the tensor) within 1e-6."""
   torch = pytest.importorskip('torch')
-  from visim_jax.preprocess import Preprocess
+  from visim_jax.data.preprocess import Preprocess
   rng = np.random.RandomState(1)
   for h, w, size, exact in ((333, 500, 224, True), (481, 321, 299, True), (97, 131, 224, True), (37, 53, 17, False),
                             (10, 9, 24, False), (7, 1001, 13, False)):
@@ -199,7 +199,7 @@ def test_torch_bilinear_is_torchs_float32_arithmetic():
 
 def test_shorter_side_geometry_is_torchvision():
   """Resize(int): the longer side int(target * long / short); CenterCrop: offset round((n - size) / 2)."""
-  from visim_jax.preprocess import Preprocess
+  from visim_jax.data.preprocess import Preprocess
   pre = Preprocess(size=8, resize='shorter_crop', resize_to=10)
   assert images._geometry(30, 41, pre) == (10, 13, 1, 2)       # 13.67 -> 13; crop (2 / 2, 5 / 2 -> 2)
   assert images._geometry(41, 30, pre) == (13, 10, 2, 1)

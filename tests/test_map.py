@@ -201,6 +201,6 @@ def test_revisited_gnd_refuses_code(tmp_path):
   path = str(tmp_path / 'evil.pkl')
   with open(path, 'wb') as f:
     pickle.dump({'imlist': [], 'qimlist': [], 'gnd': [os.getcwd]}, f)
-  from visim_jax.safe_pickle import UnsafePickleError
+  from visim_jax.core.safe_pickle import UnsafePickleError
   with pytest.raises(UnsafePickleError):
     retrieval.load_revisited_gnd(path)

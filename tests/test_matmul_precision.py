@@ -6,8 +6,10 @@ import os
 import jax
 import pytest
 
-from visim_jax import main, precision, runtime
-from visim_jax.errors import UserError
+from visim_jax import main
+from visim_jax.core import precision
+from visim_jax.training import runtime
+from visim_jax.core.errors import UserError
 
 from test_histograms_experiment import feature_file, local_config
 
@@ -25,10 +27,10 @@ def test_main_run_applies_it_around_the_experiment(tmp_path, monkeypatch):
 def test_recorded_in_metrics_json(tmp_path):
   wd = str(tmp_path / 'wd')
   rec = {'matmul_precision': 'highest'}
-  with precision.context(rec), runtime.Run(wd, rec, runtime.fingerprint(rec), checkpoint=False) as rt:
+  with precision.context(rec['matmul_precision']), runtime.Run(wd, rec, runtime.fingerprint(rec), checkpoint=False) as rt:
     rt.write_metrics({'x': 1})
   assert json.load(open(os.path.join(wd, 'metrics.json')))['matmul_precision'] == 'highest'
-  with precision.context({'matmul_precision': 'default'}):
+  with precision.context('default'):
     assert precision.in_effect() == 'default'
 
 

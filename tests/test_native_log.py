@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from visim_jax import native_log
+from visim_jax.core import native_log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHATTER = (b'2026-11-25 10:00:00.000: E external/xla/xla/stream_executor/cuda/cuda_timer.cc:86] Delay kernel timed '

@@ -8,8 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from visim_jax import export, human_loss, runtime
+from visim_jax.training import adapter_file
+from visim_jax.losses import hinge
+from visim_jax.training import human_heads, runtime
 from visim_jax.experiments import nights_adapt
+from visim_jax.experiments import config_fields
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'configs'))
@@ -28,9 +31,9 @@ def test_hinge_loss_is_dreamsims():
   rng = np.random.RandomState(0)
   d0, d1 = rng.rand(2, 64).astype(np.float32)
   t = rng.choice([0.0, 0.5, 1.0, 0.4, 0.6], 64).astype(np.float32)
-  assert float(human_loss.hinge_loss(d0, d1, t, 0.05)) == pytest.approx(loop_hinge(d0, d1, t, 0.05), abs=1e-6)
+  assert float(hinge.hinge_loss(d0, d1, t, 0.05)) == pytest.approx(loop_hinge(d0, d1, t, 0.05), abs=1e-6)
   m = np.arange(64) < 40
-  assert float(human_loss.hinge_loss(d0, d1, t, 0.05, jnp.asarray(m))) == pytest.approx(
+  assert float(hinge.hinge_loss(d0, d1, t, 0.05, jnp.asarray(m))) == pytest.approx(
       loop_hinge(d0[:40], d1[:40], t[:40], 0.05), abs=1e-6)
 
 
@@ -43,24 +46,24 @@ def synthetic(n_images=120, d=12, seed=0):
     r = rng.randint(0, n_images, (t, 3))
     dist = lambda a, b: ((x[a, :3] - x[b, :3]) ** 2).sum(1)
     j = (dist(r[:, 0], r[:, 2]) < dist(r[:, 0], r[:, 1])).astype(np.float32)
-    return human_loss.Split(*(jnp.asarray(r[:, k], jnp.int32) for k in range(3)), jnp.asarray(j))
+    return human_heads.Split(*(jnp.asarray(r[:, k], jnp.int32) for k in range(3)), jnp.asarray(j))
   return jnp.asarray(x), split(300), split(80), split(80)
 
 
 def test_chunks_keep_the_best_val_epoch_and_learn():
   x, tr, va, te = synthetic()
   # paper 004's embedding head here; paper 001's adapter head in the experiment test below
-  hp = human_loss.Hparams(model='triplet', embed_dim=8, batch_size=32, epochs=4, seeds=2, lr=1e-2)
-  s = human_loss.init_state(hp, x.shape[1])
-  s, l1 = human_loss.train_chunk(hp, x, tr, va, te, s, 0, 2)
-  s, l2 = human_loss.train_chunk(hp, x, tr, va, te, s, 2, 2)   # (resuming = equal chunks: test_experiment_...)
+  hp = human_heads.Hparams(model='triplet', embed_dim=8, batch_size=32, epochs=4, seeds=2, lr=1e-2)
+  s = human_heads.init_state(hp, x.shape[1])
+  s, l1 = human_heads.train_chunk(hp, x, tr, va, te, s, 0, 2)
+  s, l2 = human_heads.train_chunk(hp, x, tr, va, te, s, 2, 2)   # (resuming = equal chunks: test_experiment_...)
   # the kept parameters are those of the best val epoch (earliest on ties), and they score what was logged
   v = np.concatenate([l1.val_score, l2.val_score], 1)
   best = np.asarray(s.best_epoch)
   assert (best == np.argmax(v, 1) + 1).all()
   for k in range(hp.seeds):
     p = jax.tree.map(lambda a: a[k], s.best)
-    d0, d1 = human_loss.distances(hp, p, x, va)
+    d0, d1 = human_heads.distances(hp, p, x, va)
     assert float(jnp.mean((d0 < d1) * (1 - va.judge) + (d1 < d0) * va.judge + 0.5 * (d0 == d1))) == \
         pytest.approx(v[k, best[k] - 1], abs=1e-6)
   loss = np.concatenate([l1.train_loss, l2.train_loss], 1)
@@ -93,16 +96,16 @@ def test_experiment_end_to_end_resume_and_adapter(tmp_path, tmp_path_factory, mo
     assert r['test']['n'] == 16 and r['test']['ci_low'] <= r['test']['score'] <= r['test']['ci_high']
   assert len(full['epochs_selected']) == 2 and all(1 <= e <= 4 for e in full['epochs_selected'])
   # adapter.npz: export's format; applied to the frozen features it gives the trained head's test score
-  ad = export.load_adapter(str(tmp_path / 'full' / 'adapter.npz'))
+  ad = adapter_file.load_adapter(str(tmp_path / 'full' / 'adapter.npz'))
   assert ad.meta['backbone'] == 'alexnet' and ad.meta['source']['seed'] == full['exported_seed']
-  from visim_jax import features as features_lib
+  from visim_jax.backbones import features as features_lib
   from visim_jax.data import nights
   c = demo_config(tmp_path_factory, human_demo_sets)
-  fo = features_lib.options(c)
+  fo = config_fields.options(c)
   backbone, layers = features_lib.build(fo)
   t = nights.load(full['nights_dir'], 'test')
   f = features_lib.features_of(fo, backbone, layers, t.paths(), tag='check', progress=False)
-  e = np.asarray(export.apply_adapter(ad, jnp.asarray(f)))
+  e = np.asarray(adapter_file.apply_adapter(ad, jnp.asarray(f)))
   e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
   rows = t.rows({p: i for i, p in enumerate(t.paths())})
   d0, d1 = (1 - (e[rows[0]] * e[rows[k]]).sum(1) for k in (1, 2))

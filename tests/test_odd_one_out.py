@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from visim_jax import heads, odd_one_out as ooo
+from visim_jax.models import heads
+from visim_jax.losses import odd_one_out as ooo
 
 
 def _np_sims(e, kind):

@@ -4,7 +4,8 @@ import os
 
 import ml_collections
 
-from visim_jax import paths
+from visim_jax.core import paths
+from visim_jax.experiments import checks
 
 
 def test_expand_path(monkeypatch):
@@ -22,7 +23,7 @@ def test_expand_config_in_place_on_a_locked_config(monkeypatch):
   c = ml_collections.ConfigDict({'data_dir': '~/TLL', 'dataset': 'tll', 'runs': 2, 'features': '',
                                  'retrieval': {'roots': '~/oxford5k,~/paris6k', 'gt': None}, 'models': ('~/a', 'b')})
   c.lock()
-  paths.expand_config(c)
+  checks.expand_config(c)
   assert c.data_dir == '/home/u/TLL' and c.dataset == 'tll' and c.runs == 2 and c.features == ''
   assert c.retrieval.roots == '/home/u/oxford5k,/home/u/paris6k' and c.retrieval.gt is None
   assert tuple(c.models) == ('/home/u/a', 'b')

@@ -7,7 +7,8 @@ import pytest
 from PIL import Image
 
 from visim_jax.data import images, pipeline
-from visim_jax.preprocess import Preprocess
+from visim_jax.data.preprocess import Preprocess
+from visim_jax.experiments import config_fields
 
 PRE = Preprocess(size=16, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
 
@@ -131,13 +132,13 @@ def test_device_batches_keep_order():
 def test_config_image_cache_keeps_pixels_for_a_second_run(files, tmp_path):
   # config.image_cache: the decoded pixels land under <cache_dir>/images; the features are the same either way
   import ml_collections
-  from visim_jax import features
-  c = features.add_fields(ml_collections.ConfigDict())
+  from visim_jax.backbones import features
+  c = config_fields.add_fields(ml_collections.ConfigDict())
   c.backbone, c.backbone_kwargs.tiny, c.backbone_kwargs.random_init = 'alexnet', True, 0
   c.cache_dir, c.image_batch_size = str(tmp_path / 'cache'), 4
-  plain = features.options(c)
+  plain = config_fields.options(c)
   c.image_cache = True
-  cached = features.options(c)
+  cached = config_fields.options(c)
   assert cached.image_cache and not plain.image_cache
   backbone, layers = features.build(cached)
   a = features.features_of(plain, backbone, layers, files, tag='a', progress=False)

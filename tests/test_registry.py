@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from visim_jax import paper_data
+from visim_jax.data import paper_data
 from visim_jax.backbones import registry
 
 HF = 'visim_jax.backbones.hf:hf_backbone'

@@ -87,7 +87,7 @@ def test_retrieval_folder_errors(tmp_path):
   import os
   import pytest
   from visim_jax.data import retrieval as data
-  from visim_jax.errors import UserError
+  from visim_jax.core.errors import UserError
   root = str(tmp_path / 'rtoy5k')
   names = _fake_dataset(root)
   os.remove(os.path.join(root, 'jpg', names[2] + '.jpg'))

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from visim_jax import pca, rmac
+from visim_jax.core import pca
+from visim_jax.backbones import rmac
+from visim_jax.experiments import config_fields
 
 
 def np_regions(H, W, L=3, ovr=0.4):
@@ -132,7 +134,7 @@ def _images(folder, sizes, seed=0):
 
 
 def test_cache_and_whitening_sources(tmp_path, monkeypatch):
-  from visim_jax import features
+  from visim_jax.backbones import features
   from visim_jax.backbones import vgg
   b = vgg.vgg16(tiny=True)
   paths = _images(tmp_path / 'db', [(64, 48), (48, 64), (64, 48)])
@@ -166,7 +168,7 @@ def test_cache_and_whitening_sources(tmp_path, monkeypatch):
   (tmp_path / 'ds' / 'jpg').symlink_to(white_dir)                     # a dataset root: its jpg/ folder
   assert rmac.images_in(str(tmp_path / 'ds')) == [str(tmp_path / 'ds' / 'jpg' / f'im{i}.jpg') for i in range(3)]
   np.savez(tmp_path / 'few.npz', regions=np.ones((3, 16), np.float32))
-  from visim_jax.errors import UserError
+  from visim_jax.core.errors import UserError
   with pytest.raises(UserError, match='config.rmac.whiten_on: .*at least as many vectors'):
     rmac.load_whitening(b, rmac.Options(whiten_on=str(tmp_path / 'few.npz')), None, features.file_list_hash)
   with pytest.raises(UserError, match='config.rmac.levels'):
@@ -176,13 +178,13 @@ def test_cache_and_whitening_sources(tmp_path, monkeypatch):
 def test_pooling_rmac_through_the_features_glue(tmp_path):
   """backbone=vgg16, pooling=rmac: every experiment's features_of gives R-MAC descriptors (tiny VGG: 16-d)."""
   import ml_collections
-  from visim_jax import features
-  from visim_jax.errors import UserError
-  c = features.add_fields(ml_collections.ConfigDict())
+  from visim_jax.backbones import features
+  from visim_jax.core.errors import UserError
+  c = config_fields.add_fields(ml_collections.ConfigDict())
   c.backbone, c.backbone_kwargs.tiny, c.pooling = 'vgg16', True, 'rmac'
   c.cache_dir, c.rmac.max_side = str(tmp_path / 'cache'), 64
   paths = _images(tmp_path / 'im', [(64, 48), (48, 64)])
-  fo = features.options(c)
+  fo = config_fields.options(c)
   b, layers = features.build(fo)
   assert layers == ('conv5_3',)
   x = features.features_of(fo, b, layers, paths, progress=False)
@@ -197,7 +199,7 @@ def test_pooling_rmac_through_the_features_glue(tmp_path):
                              atol=1e-6)
   c.rmac.levels = 0
   with pytest.raises(UserError, match='config.rmac.levels'):
-    features.options(c)
+    config_fields.options(c)
   c.rmac.levels, c.pooling = 3, 'gem'
   with pytest.raises(UserError, match='config.pooling'):
-    features.options(c)
+    config_fields.options(c)

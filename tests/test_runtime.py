@@ -1,4 +1,4 @@
-"""visim_jax.runtime: faults at every checkpoint phase, a full disk, a corrupt newest step, the workdir lock, a
+"""visim_jax.training.runtime: faults at every checkpoint phase, a full disk, a corrupt newest step, the workdir lock, a
 refused resume that writes nothing, and the workdir's OS errors. A tiny NumPy chunk function keeps it fast; the
 checkpoints are real Orbax ones."""
 import errno
@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from visim_jax import runtime
-from visim_jax.errors import UserError
+from visim_jax.training import runtime
+from visim_jax.core.errors import UserError
 
 END, EVERY, SAVE = 10, 2, 2
 

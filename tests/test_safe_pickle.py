@@ -5,7 +5,7 @@ import pickle
 import numpy as np
 import pytest
 
-from visim_jax import safe_pickle
+from visim_jax.core import safe_pickle
 from visim_jax.backbones import efficientnet_lite
 
 

@@ -11,9 +11,11 @@ import jax
 import numpy as np
 import pytest
 
-from visim_jax import export, search, train
+from visim_jax import search
+from visim_jax.training import adapter_file
+from visim_jax.training import adaptation_runs
 from visim_jax.data import pairs as pairs_lib
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 from visim_jax.search import topk
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -134,10 +136,10 @@ def test_cli_adapter_ranks_partners_higher(pairs96, lite0, tmp_path):
   left, _ = search.features_of(lite0, pairs.left, os.path.join(folder, 'left'), cache, tag='left', progress=False)
   names = list(pairs.names)
   assert left.shape == (96, 1776)
-  hp = train.Hparams(runs=1, train_fraction=0.5, pca_dim=64, adapt_dim=256, epochs=60, sigmas=(15.0,), lr=1e-3)
-  out = adapt.train_all(hp, train.Features(left, right), None, 60, progress=False)
-  path = export.save_adapter(str(tmp_path / 'adapter.npz'), **export.run_arrays(out, 0),
-                             meta=export.backbone_meta(lite0, demo='first 96 pairs, run 0 train split'))
+  hp = adaptation_runs.Hparams(runs=1, train_fraction=0.5, pca_dim=64, adapt_dim=256, epochs=60, sigmas=(15.0,), lr=1e-3)
+  out = adapt.train_all(hp, adaptation_runs.Features(left, right), None, 60, progress=False)
+  path = adapter_file.save_adapter(str(tmp_path / 'adapter.npz'), **adapter_file.run_arrays(out, 0),
+                             meta=adapter_file.backbone_meta(lite0, demo='first 96 pairs, run 0 train split'))
   adapted = search.run(folder, ['all'], out=str(tmp_path / 'adapted'), adapter=path, **common)
 
   held_out = out['test_idx'][0]
@@ -210,8 +212,8 @@ def test_bad_input_fails_early(pairs96, lite0, tmp_path):
   with pytest.raises(UserError, match='--layers'):
     search.run(folder, ['all'], layers='no_such_stage', out=str(out), cache_dir=cache)
   rng = np.random.RandomState(0)
-  meta = dict(export.backbone_meta(lite0), weights_sha256='0' * 64)
-  bad = export.save_adapter(str(tmp_path / 'bad.npz'), rng.randn(1776), rng.randn(1776, 4), np.ones(4),
+  meta = dict(adapter_file.backbone_meta(lite0), weights_sha256='0' * 64)
+  bad = adapter_file.save_adapter(str(tmp_path / 'bad.npz'), rng.randn(1776), rng.randn(1776, 4), np.ones(4),
                             rng.randn(4, 8), meta=meta)
   with pytest.raises(UserError, match='bad.npz: meta.weights_sha256'):
     search.run(folder, ['all'], adapter=bad, out=str(out), cache_dir=cache)
@@ -270,8 +272,8 @@ def test_outputs_follow_the_umask(pairs96, lite0, tmp_path):
     out = tmp_path / 'u'
     search.run(folder, [os.path.join(folder, 'left', '00001.png')], k=2, out=str(out), cache_dir=cache,
                progress=False, verbose=False)
-    path = export.save_adapter(str(tmp_path / 'a.npz'), np.zeros(3), np.eye(3), np.ones(3), np.eye(3),
-                               meta=export.backbone_meta(lite0))
+    path = adapter_file.save_adapter(str(tmp_path / 'a.npz'), np.zeros(3), np.eye(3), np.ones(3), np.eye(3),
+                               meta=adapter_file.backbone_meta(lite0))
     os.umask(0o027)
     search.run(folder, [os.path.join(folder, 'left', '00001.png')], k=2, out=str(tmp_path / 'g'), cache_dir=cache,
                progress=False, verbose=False, formats=('html',))

@@ -1,4 +1,4 @@
-"""visim_jax/similarity.py: spec parsing, every model kind against a NumPy version of its distance, the boundary."""
+"""visim_jax/zoo/similarity.py: spec parsing, every model kind against a NumPy version of its distance, the boundary."""
 import json
 import sys
 import types
@@ -8,10 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from visim_jax import similarity as S
-from visim_jax.errors import UserError
+from visim_jax.zoo import similarity as S
 
-OPTS = S.Options(None, 8, 'float32', False)
+from visim_jax.zoo import interface
+
+from visim_jax.zoo import scoring
+from visim_jax.core.errors import UserError
+
+OPTS = interface.Options(None, 8, 'float32', False)
 
 
 @pytest.fixture(scope='module')
@@ -38,17 +42,17 @@ def _np_cos_dist(a, b):
     ('lpips:squeeze', 'LPIPS nets'), ('lpips:alex@3', 'LPIPS nets'), ('lpips:alex:big', 'LPIPS nets')])
 def test_bad_spec_is_one_line_naming_the_field(spec, needle):
   with pytest.raises(UserError) as e:
-    S.split_specs(spec)
+    interface.split_specs(spec)
   msg = str(e.value)
   assert msg.startswith(f'config.models: {spec!r}') and needle in msg and '\n' not in msg
 
 
 def test_split_specs_refuses_duplicates_and_empty():
-  assert S.split_specs(' cosine:a , lpips:alex') == ['cosine:a', 'lpips:alex']
+  assert interface.split_specs(' cosine:a , lpips:alex') == ['cosine:a', 'lpips:alex']
   with pytest.raises(UserError, match="listed twice"):
-    S.split_specs('lpips:alex,lpips:alex')
+    interface.split_specs('lpips:alex,lpips:alex')
   with pytest.raises(UserError, match='config.models: empty'):
-    S.split_specs(' , ')
+    interface.split_specs(' , ')
 
 
 def test_unknown_backbone_layers_and_files_fail_at_build():
@@ -73,40 +77,40 @@ def test_cosine_features_and_distances_match_numpy(tiny_cosine, photos):
   f = sim.featurize(photos, 'test')
   assert f.shape == (5, 32 + 64)
   i, j = np.array([0, 1, 2, 3, 4, 0, 2]), np.array([1, 2, 3, 4, 0, 0, 4])
-  d = S.pair_distances(sim, f, i, f, j, batch_size=3)     # 3 batches, the last padded
+  d = scoring.pair_distances(sim, f, i, f, j, batch_size=3)     # 3 batches, the last padded
   np.testing.assert_allclose(d, _np_cos_dist(f[i], f[j]), atol=1e-6)
   assert abs(d[5]) < 1e-6                                  # an image with itself
-  m = S.distance_matrix(sim, f[:3], f, row_block=2)
+  m = scoring.distance_matrix(sim, f[:3], f, row_block=2)
   np.testing.assert_allclose(m, np.stack([_np_cos_dist(np.repeat(f[r:r + 1], 5, 0), f) for r in range(3)]),
                              atol=1e-6)
 
 
 def test_adapter_applies_pca_and_w_then_cosine(tmp_path, tiny_cosine, photos):
-  from visim_jax import export
+  from visim_jax.training import adapter_file
   from visim_jax.backbones import registry
   b = registry.get_backbone('resnet18', tiny=True)
   layers = ('stage3', 'stage4')
   rng = np.random.RandomState(0)
   mean, comps, scale, w = rng.randn(96), rng.randn(96, 6), rng.rand(6) + 0.5, rng.randn(6, 10)
-  export.save_adapter(str(tmp_path / 'adapter.npz'), mean, comps, scale, w, export.backbone_meta(b, layers))
+  adapter_file.save_adapter(str(tmp_path / 'adapter.npz'), mean, comps, scale, w, adapter_file.backbone_meta(b, layers))
   sim = S.build(f'adapter:{tmp_path}', OPTS)             # a workdir holding adapter.npz
   assert sim.kind == 'adapter' and len(sim.identity['adapter_sha256']) == 64
   f = sim.featurize(photos, 'test')
   raw = tiny_cosine.featurize(photos, 'test')
   want = np.maximum(((raw - mean) @ comps * scale) @ w, 0.0)
   np.testing.assert_allclose(f, want, rtol=1e-4, atol=1e-4)
-  d = S.pair_distances(sim, f, [0, 1], f, [2, 3])
+  d = scoring.pair_distances(sim, f, [0, 1], f, [2, 3])
   np.testing.assert_allclose(d, _np_cos_dist(want[[0, 1]], want[[2, 3]]), atol=1e-5)
   # trained on other layers -> refused, naming the entry
-  export.save_adapter(str(tmp_path / 'other.npz'), mean, comps, scale, w,
-                      dict(export.backbone_meta(b, layers), weights_sha256='random:5:tiny'))
+  adapter_file.save_adapter(str(tmp_path / 'other.npz'), mean, comps, scale, w,
+                      dict(adapter_file.backbone_meta(b, layers), weights_sha256='random:5:tiny'))
   with pytest.raises(UserError, match=r"config.models: 'adapter:.*other.npz'.*weights"):
     S.build(f'adapter:{tmp_path}/other.npz', OPTS)
 
 
 def test_simnet_distance_is_minus_g_in_pair_order(tmp_path, photos):
   import orbax.checkpoint as ocp
-  from visim_jax import simnet
+  from visim_jax.models import simnet
   from visim_jax.backbones import registry
   b = registry.get_backbone('resnet18', tiny=True)
   params = simnet.init_params(jax.random.PRNGKey(0), 64, (16,))
@@ -120,8 +124,8 @@ def test_simnet_distance_is_minus_g_in_pair_order(tmp_path, photos):
   assert not sim.symmetric
   f = sim.featurize(photos, 'test')
   np.testing.assert_allclose(np.linalg.norm(f, axis=1), 1.0, atol=1e-5)
-  d01 = S.pair_distances(sim, f, [0], f, [1])
-  d10 = S.pair_distances(sim, f, [1], f, [0])
+  d01 = scoring.pair_distances(sim, f, [0], f, [1])
+  d10 = scoring.pair_distances(sim, f, [1], f, [0])
 
   def g(x, y):   # the MLP on the concatenation, as a plain loop over layers
     h = np.concatenate([x, y])
@@ -137,8 +141,8 @@ def test_simnet_distance_is_minus_g_in_pair_order(tmp_path, photos):
 
 @pytest.fixture()
 def fake_lpips(monkeypatch):
-  """A stand-in with visim_jax/lpips.py's API: embed -> normalised maps, distance -> weighted mean sq. diff."""
-  mod = types.ModuleType('visim_jax.lpips')
+  """A stand-in with visim_jax/models/lpips.py's API: embed -> normalised maps, distance -> weighted mean sq. diff."""
+  mod = types.ModuleType('visim_jax.models.lpips')
 
   def load_lpips(net, tiny=False):
     return {'w': jnp.asarray([1.0, 2.0, 0.5]) * (1.0 if net == 'alex' else 3.0)}
@@ -155,30 +159,30 @@ def fake_lpips(monkeypatch):
     same = jnp.all(u0 == u1, axis=(1, 2, 3))
     return jnp.where(same, 0.0, distance(params, embed(params, u0), embed(params, u1)))
   mod.load_lpips, mod.embed, mod.distance, mod.pair_distance = load_lpips, embed, distance, pair_distance
-  monkeypatch.setitem(sys.modules, 'visim_jax.lpips', mod)
+  monkeypatch.setitem(sys.modules, 'visim_jax.models.lpips', mod)
   import visim_jax
   monkeypatch.setattr(visim_jax, 'lpips', mod, raising=False)   # `from visim_jax import lpips` reads the attribute
   return mod
 
 
 def test_lpips_reads_images_at_the_protocol_resolution(fake_lpips, photos):
-  from visim_jax.preprocess import Preprocess
+  from visim_jax.data.preprocess import Preprocess
   sim = S.build('lpips:alex', OPTS)
   assert sim.kind == 'lpips' and sim.preprocess is None
   with pytest.raises(ValueError):
     sim.featurize(photos, 'x')
   pre = Preprocess(size=16, mean=(0.0,) * 3, std=(255.0,) * 3)
   table = sim.featurize(photos, 'x', pre)
-  assert isinstance(table, S.ImageTable) and len(table) == 5
+  assert isinstance(table, scoring.ImageTable) and len(table) == 5
   x = table.take([0, 3])
   assert x.shape == (2, 16, 16, 3) and x.dtype == np.uint8
-  d = S.pair_distances(sim, table, [0, 1], table, [3, 1])
+  d = scoring.pair_distances(sim, table, [0, 1], table, [3, 1])
   u0, u1 = x[0] / 255.0, x[1] / 255.0
   w = np.asarray([1.0, 2.0, 0.5])
   want = (np.mean(np.sum(w * (u0 - u1) ** 2, -1))
           + np.mean(np.sum(w * (u0[::2, ::2] ** 2 - u1[::2, ::2] ** 2) ** 2, -1)))
   np.testing.assert_allclose(d, [want, 0.0], rtol=1e-5, atol=1e-7)
-  m = S.distance_matrix(sim, table, table, row_block=2)
+  m = scoring.distance_matrix(sim, table, table, row_block=2)
   assert m.shape == (5, 5) and np.allclose(np.diag(m), 0) and np.allclose(m[0, 3], want, rtol=1e-5)
 
 
@@ -186,7 +190,7 @@ def test_context_heads_one_model_and_the_mean(tmp_path, photos):
   """A CoSIS workdir's checkpoint (the experiment's tree: state of K stacked models + loss): @global is one head's
   1 - cos(xW, yW); @mean averages the 8 context heads' distances."""
   import orbax.checkpoint as ocp
-  from visim_jax import triplets as cs
+  from visim_jax.models import context as cs
   from visim_jax.backbones import registry
   b = registry.get_backbone('resnet18', tiny=True)
   contexts = ['c%d' % i for i in range(8)]
@@ -204,8 +208,8 @@ def test_context_heads_one_model_and_the_mean(tmp_path, photos):
   one, mean = S.build(f'context:{tmp_path}', OPTS), S.build(f'context:{tmp_path}@mean', OPTS)
   assert one.identity['model'] == 'global' and mean.identity['model'] == 'mean'
   f = one.featurize(photos, 'test')
-  d_one = S.pair_distances(one, f, [0, 2], f, [1, 4])
-  d_mean = S.pair_distances(mean, f, [0, 2], f, [1, 4])
+  d_one = scoring.pair_distances(one, f, [0, 2], f, [1, 4])
+  d_mean = scoring.pair_distances(mean, f, [0, 2], f, [1, 4])
   np.testing.assert_allclose(d_one, _np_cos_dist(f[[0, 2]] @ w[-1], f[[1, 4]] @ w[-1]), atol=1e-5)
   want = np.mean([_np_cos_dist(f[[0, 2]] @ w[k], f[[1, 4]] @ w[k]) for k in range(8)], axis=0)
   np.testing.assert_allclose(d_mean, want, atol=1e-5)

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from visim_jax import simnet
+from visim_jax.models import simnet
 
 
 def np_mlp(params, x):

@@ -8,8 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from visim_jax import main, runtime
-from visim_jax.errors import UserError
+from visim_jax import main
+from visim_jax.training import runtime
+from visim_jax.core.errors import UserError
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs'))
 import simnet_classes  # noqa: E402

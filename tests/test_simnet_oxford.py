@@ -57,7 +57,7 @@ def _toy_set(root, protocol, seed):
 
 def test_without_an_oxford_set_every_mode_refuses_in_one_line(tmp_path):
   """Issue 22: `configs/simnet_oxford.py:local` trained SimNet on the demo and evaluated no Oxford/Paris, silently."""
-  from visim_jax.errors import UserError
+  from visim_jax.core.errors import UserError
   from visim_jax.experiments import simnet as exp
   for arg, data_dir in ((None, str(tmp_path)), ('local', '')):   # (a missing data_dir is refused first, by name)
     c = _config('simnet_oxford', arg)

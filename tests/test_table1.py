@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from visim_jax import paper_data
+from visim_jax.data import paper_data
 from visim_jax.backbones import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,7 +72,7 @@ def test_table1_demo_writes_both_tables_offline_and_resumes_a_killed_sweep(tmp_p
   c.flip, c.runs, c.epochs, c.checkpoint_every, c.pca_dim, c.adapt_dim, c.ks = False, 2, 6, 3, 16, 32, (1, 5)
   c.sheet_queries = 2
   wd = tmp_path / 'wd'
-  from visim_jax import runtime
+  from visim_jax.training import runtime
 
   def kill_in_second_backbone(phase, step, directory):
     if phase == 'after_save' and 'clip_rn50_tiny' in directory:
@@ -126,7 +126,7 @@ def test_table1_demo_writes_both_tables_offline_and_resumes_a_killed_sweep(tmp_p
 
 def test_table1_config_errors(tmp_path):
   import sys
-  from visim_jax.errors import UserError
+  from visim_jax.core.errors import UserError
   from visim_jax.experiments import table1
   sys.path.insert(0, os.path.join(ROOT, 'configs'))
   import table1 as table1_config  # noqa: E402

@@ -8,7 +8,10 @@ import numpy as np
 import optax
 import pytest
 
-from visim_jax import adaptation, pca, train
+from visim_jax.models import adaptation
+from visim_jax.losses import symmetric_ce
+from visim_jax.core import pca
+from visim_jax.training import adaptation_runs
 
 
 def synthetic(n=48, d=12, seed=0):
@@ -18,19 +21,19 @@ def synthetic(n=48, d=12, seed=0):
   left = z + 0.3 * rng.randn(n, d).astype(np.float32)
   right = z @ mix + 0.3 * rng.randn(n, d).astype(np.float32)
   flip = lambda a: a + 0.1 * rng.randn(n, d).astype(np.float32)
-  return train.Features(*(jnp.asarray(a) for a in (left, right, flip(left), flip(right))))
+  return adaptation_runs.Features(*(jnp.asarray(a) for a in (left, right, flip(left), flip(right))))
 
 
-HP = train.Hparams(runs=2, pca_dim=6, adapt_dim=16, epochs=5, sigmas=(1.0, 15.0), lr=1e-2, seed=1,
+HP = adaptation_runs.Hparams(runs=2, pca_dim=6, adapt_dim=16, epochs=5, sigmas=(1.0, 15.0), lr=1e-2, seed=1,
                    val_fraction=0.25)
 
 
 def program(hp, feats):
   """The whole jitted path the experiments run: splits -> PCA -> projection -> init -> all epochs."""
-  sp = train.splits(hp, feats.left.shape[0])
-  pcas = train.fit_pcas(hp, feats, sp.train)
-  data = train.project(feats, pcas, sp)
-  state, out = jax.jit(train.train_chunk, static_argnums=(0, 3))(hp, train.init_state(hp), data, hp.epochs)
+  sp = adaptation_runs.splits(hp, feats.left.shape[0])
+  pcas = adaptation_runs.fit_pcas(hp, feats, sp.train)
+  data = adaptation_runs.project(feats, pcas, sp)
+  state, out = jax.jit(adaptation_runs.train_chunk, static_argnums=(0, 3))(hp, adaptation_runs.init_state(hp), data, hp.epochs)
   return sp, pcas, state, out
 
 
@@ -57,7 +60,7 @@ def test_validation_pairs_are_held_out_and_the_model_trains_on_the_rest():
     tr, va, te = (np.asarray(a[r]) for a in (sp.train, sp.val, sp.test))
     assert len(set(tr) | set(va) | set(te)) == n and (len(tr), len(va), len(te)) == (27, 9, 12)
     # the test split is the one select_epoch='test' uses: only the training part is divided
-    sp_t = train.splits(dataclasses.replace(HP, select_epoch='test'), n)
+    sp_t = adaptation_runs.splits(dataclasses.replace(HP, select_epoch='test'), n)
     np.testing.assert_array_equal(sp_t.test[r], te)
     np.testing.assert_array_equal(np.sort(sp_t.train[r]), np.sort(np.concatenate([tr, va])))
     # a plain loop: PCA on the fitting pairs only, Adam on their two views, ranks of the val pairs
@@ -70,7 +73,7 @@ def test_validation_pairs_are_held_out_and_the_model_trains_on_the_rest():
     opt = optax.adam(HP.lr)
     st = opt.init(params)
     for e in range(HP.epochs):
-      g = jax.grad(lambda w: sum(adaptation.loss_fn(w, a, b, 15.0) for a, b in views) / 2)(params)
+      g = jax.grad(lambda w: sum(symmetric_ce.loss_fn(w, a, b, 15.0) for a, b in views) / 2)(params)
       upd, st = opt.update(g, st, params)
       params = optax.apply_updates(params, upd)
       al, ar = (np.asarray(adaptation.adapt(params, t(a[va]))) for a in (feats.left, feats.right))
@@ -97,16 +100,16 @@ def test_select_epochs_and_summary_match_plain_numpy():
   R, S, E, n = 3, 2, 7, 10
   test = rng.randint(1, 6, size=(R, S, E, n))
   val = rng.randint(1, 6, size=(R, S, E, 8))
-  chosen = train.select_epochs(test, val, 1)
+  chosen = adaptation_runs.select_epochs(test, val, 1)
   for s in range(S):
     val_curve = [np.mean([np.mean([val[r, s, e, i] <= 1 for i in range(8)]) for r in range(R)]) for e in range(E)]
     test_curve = [np.mean([np.mean([test[r, s, e, i] <= 1 for i in range(n)]) for r in range(R)])
                   for e in range(E)]
     assert chosen['val'][s] == int(np.argmax(val_curve)) and chosen['test'][s] == int(np.argmax(test_curve))
     assert chosen['last'][s] == E - 1
-  hp = train.Hparams(runs=R, sigmas=(1, 15), epochs=E, min_val_pairs=8)
+  hp = adaptation_runs.Hparams(runs=R, sigmas=(1, 15), epochs=E, min_val_pairs=8)
   out = {'ranks': test, 'val_ranks': val, 'raw': test[:, 0, 0], 'pca': test[:, 0, 1]}
-  summ = train.summarise(hp, out, (1, 5))
+  summ = adaptation_runs.summarise(hp, out, (1, 5))
   assert summ['primary'] == 'val' and list(summ['adapted']) == ['sigma=1', 'sigma=15']
   e = chosen['val'][1]
   vals = [np.mean(test[r, 1, e] <= 5) for r in range(R)]
@@ -116,26 +119,26 @@ def test_select_epochs_and_summary_match_plain_numpy():
   np.testing.assert_allclose([got['mean'], got['std'], got['two_std']], [m, sd, 2 * sd])
   assert summ['epochs']['sigma=15'] == {'val': e + 1, 'test': chosen['test'][1] + 1, 'last': E}
   # fewer validation pairs than min_val_pairs: the headline is the last epoch, and metrics.json says why
-  few = train.summarise(dataclasses.replace(hp, min_val_pairs=9), out, (1,))
+  few = adaptation_runs.summarise(dataclasses.replace(hp, min_val_pairs=9), out, (1,))
   assert few['primary'] == 'last' and few['epochs']['sigma=15']['val'] == e + 1
   n_pairs = 120  # 90 training pairs, 9 validation pairs
-  assert train.describe_epoch_rules(dataclasses.replace(hp, min_val_pairs=9), n_pairs, 1)['primary'] == 'val'
-  rules = train.describe_epoch_rules(dataclasses.replace(hp, min_val_pairs=10), n_pairs, 1)
+  assert adaptation_runs.describe_epoch_rules(dataclasses.replace(hp, min_val_pairs=9), n_pairs, 1)['primary'] == 'val'
+  rules = adaptation_runs.describe_epoch_rules(dataclasses.replace(hp, min_val_pairs=10), n_pairs, 1)
   assert rules['primary'] == 'last' and '9 validation pairs' in rules['fallback']
   # without validation pairs there is no 'val' rule
-  no_val = train.summarise(dataclasses.replace(hp, select_epoch='test'), {**out, 'val_ranks': None}, (1,))
+  no_val = adaptation_runs.summarise(dataclasses.replace(hp, select_epoch='test'), {**out, 'val_ranks': None}, (1,))
   assert set(no_val['epochs']['sigma=1']) == {'test', 'last'}
-  one = train.select_sigma({'ranks': test, 'val_ranks': None, 'params': {'w': np.zeros((R, S, 4, 5))},
+  one = adaptation_runs.select_sigma({'ranks': test, 'val_ranks': None, 'params': {'w': np.zeros((R, S, 4, 5))},
                             'raw': test[:, 0, 0]}, 1)
   assert one['ranks'].shape == (R, E, n) and one['params']['w'].shape == (R, 4, 5) and one['val_ranks'] is None
 
 
 @pytest.mark.parametrize('flip', [True, False])
 def test_pca_fit_all_uses_every_vector_the_reference_fits_on(flip):
-  feats = synthetic() if flip else train.Features(*synthetic()[:2])
+  feats = synthetic() if flip else adaptation_runs.Features(*synthetic()[:2])
   hp = dataclasses.replace(HP, pca_fit='all')
-  sp = train.splits(hp, feats.left.shape[0])
-  pcas = train.fit_pcas(hp, feats, sp.train)
+  sp = adaptation_runs.splits(hp, feats.left.shape[0])
+  pcas = adaptation_runs.fit_pcas(hp, feats, sp.train)
   # the reference (extract.py --data-aug + AdaptationProcessorPCA / pca.py) fits one PCA on the left and right
   # vectors of every pair and of their mirrored images, test pairs included
   x = np.concatenate([np.asarray(a) for a in feats if a is not None]).astype(np.float64)
@@ -149,12 +152,12 @@ def test_pca_fit_all_uses_every_vector_the_reference_fits_on(flip):
     np.testing.assert_allclose(pcas.mean[r], mean, atol=1e-5)
     np.testing.assert_allclose(np.abs(pcas.components[r]), np.abs(evecs[:, order]), atol=1e-4)
   # the Table 1 column: share of the fit vectors' variance the components keep (sklearn explained_variance_ratio_)
-  evr = np.asarray(train.explained_variance(hp, feats, pcas, sp.train))
+  evr = np.asarray(adaptation_runs.explained_variance(hp, feats, pcas, sp.train))
   np.testing.assert_allclose(evr, evals[order].sum() / evals.sum(), rtol=1e-4)
   # the honest default fits on the run's fitting pairs only (left + right), never on val/test or mirrored views
   hp_t = dataclasses.replace(HP, pca_fit='train')
-  p_t = train.fit_pcas(hp_t, feats, sp.train)
-  ev_t = np.asarray(train.explained_variance(hp_t, feats, p_t, sp.train))
+  p_t = adaptation_runs.fit_pcas(hp_t, feats, sp.train)
+  ev_t = np.asarray(adaptation_runs.explained_variance(hp_t, feats, p_t, sp.train))
   for r in range(hp.runs):
     tr = np.asarray(sp.train[r])
     xt = np.concatenate([np.asarray(feats.left)[tr], np.asarray(feats.right)[tr]]).astype(np.float64)

@@ -3,9 +3,9 @@ within / between / border sampling, labels)."""
 import numpy as np
 import pytest
 
-from visim_jax import teacher_triplets as tt
-from visim_jax import triplet_stream as ts
-from visim_jax.errors import UserError
+from visim_jax.data import teacher_labels
+from visim_jax.data import triplet_index as ts
+from visim_jax.core.errors import UserError
 
 
 def test_stream_is_a_function_of_seed_and_step():
@@ -90,38 +90,38 @@ def test_memory_estimate_refuses_before_allocating():
 def test_sampling_kinds():
   labels = np.repeat(np.arange(6), [5, 4, 3, 2, 1, 10])
   rng = np.random.default_rng(0)
-  w = tt.sample(labels, 2000, 'within', rng)
+  w = teacher_labels.sample(labels, 2000, 'within', rng)
   assert (labels[w[:, 0]] == labels[w[:, 1]]).all() and (labels[w[:, 1]] == labels[w[:, 2]]).all()
   assert set(np.unique(labels[w[:, 0]])) == {0, 1, 2, 5}          # clusters with >= 3 images, all used
-  b = tt.sample(labels, 2000, 'between', rng)
+  b = teacher_labels.sample(labels, 2000, 'between', rng)
   lb = labels[b]
   assert (lb[:, 0] != lb[:, 1]).all() and (lb[:, 0] != lb[:, 2]).all() and (lb[:, 1] != lb[:, 2]).all()
-  c = tt.sample(labels, 2000, 'border', rng)
+  c = teacher_labels.sample(labels, 2000, 'border', rng)
   lc = labels[c]
   assert (lc[:, 0] == lc[:, 1]).all() and (lc[:, 2] != lc[:, 0]).all()
   assert set(np.unique(lc[:, 2])) == set(range(6))                # every other cluster can be the odd one
-  for t in (w, b, c, tt.sample(labels, 99, 'mixed', rng)):
+  for t in (w, b, c, teacher_labels.sample(labels, 99, 'mixed', rng)):
     assert (t[:, 0] != t[:, 1]).all() and (t[:, 0] != t[:, 2]).all() and (t[:, 1] != t[:, 2]).all()
   with pytest.raises(ValueError, match='between needs 3'):
-    tt.sample(np.zeros(5, int), 3, 'between', rng)
+    teacher_labels.sample(np.zeros(5, int), 3, 'between', rng)
 
 
 def test_labels_put_the_odd_one_last_and_kmeans_finds_clusters():
   rng = np.random.RandomState(0)
   centres = rng.randn(4, 8) * 5
   x = (centres[np.repeat(np.arange(4), 25)] + rng.randn(100, 8) * 0.1).astype(np.float32)
-  _, lab = tt.kmeans(x, 4, 10, seed=0)
+  _, lab = teacher_labels.kmeans(x, 4, 10, seed=0)
   truth = np.repeat(np.arange(4), 25)
   # each found cluster is one true cluster (a relabelling)
   assert all(len(np.unique(lab[truth == k])) == 1 for k in range(4)) and len(np.unique(lab)) == 4
   t = rng.randint(0, 100, (50, 3))
   t = t[(t[:, 0] != t[:, 1]) & (t[:, 0] != t[:, 2]) & (t[:, 1] != t[:, 2])]
-  tri, s = tt.label(t, x, 'cosine')
+  tri, s = teacher_labels.label(t, x, 'cosine')
   assert (s[:, 0] >= s[:, 1]).all() and (s[:, 0] >= s[:, 2]).all()   # the most similar pair is (0, 1)
-  np.testing.assert_allclose(s, tt.pair_sims(x, tri, 'cosine'), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(s, teacher_labels.pair_sims(x, tri, 'cosine'), rtol=1e-5, atol=1e-6)
   np.testing.assert_array_equal(np.sort(tri, 1), np.sort(t, 1))      # the same images, reordered
-  train, val = tt.generate(x, [str(i) for i in range(100)], 200, 40, clusters=4, seed=3)
+  train, val = teacher_labels.generate(x, [str(i) for i in range(100)], 200, 40, clusters=4, seed=3)
   vi, ti = set(np.unique(val.triplets)), set(np.unique(train.triplets))
   assert not vi & ti and len(vi) <= 20                                 # held-out triplets: unseen images only
-  again, _ = tt.generate(x, [str(i) for i in range(100)], 200, 40, clusters=4, seed=3)
+  again, _ = teacher_labels.generate(x, [str(i) for i in range(100)], 200, 40, clusters=4, seed=3)
   np.testing.assert_array_equal(again.triplets, train.triplets)

@@ -4,8 +4,8 @@ import os
 import numpy as np
 import pytest
 
-from visim_jax.data import triplets as T
-from visim_jax.errors import UserError
+from visim_jax.data import cosis as T
+from visim_jax.core.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COSIS = os.path.join(REPO, '..', 'shared', 'data', 'cosis')

@@ -3,7 +3,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from visim_jax import triplets as tr
+from visim_jax.models import context as tr
 
 
 def _np_triplet(er, ea, eb, a_closer, cls_a, cls_b, normalize):

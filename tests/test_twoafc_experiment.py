@@ -7,9 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from visim_jax import main as main_lib, runtime
-from visim_jax.data import triplets as tdata
-from visim_jax.errors import UserError
+from visim_jax import main as main_lib
+from visim_jax.training import runtime
+from visim_jax.data import cosis
+from visim_jax.core.errors import UserError
 from visim_jax.experiments import twoafc as exp
 
 needs_data = pytest.mark.skipif(not os.path.isdir(exp.SHARED_COSIS),
@@ -106,8 +107,8 @@ def test_end_to_end_synthetic_and_kill_resume(tmp_path, monkeypatch):
 
 def test_features_npz_missing_id_names_the_line(tmp_path):
   c = _config(annotations='synthetic')
-  folder = tdata.write_synthetic_cosis(str(tmp_path / 'cosis'), 0, 32)
-  sets = tdata.load_cosis_sets(folder)
+  folder = cosis.write_synthetic_cosis(str(tmp_path / 'cosis'), 0, 32)
+  sets = cosis.load_cosis_sets(folder)
   keys = list(dict.fromkeys(k for t in exp.all_triplets(sets) for k in t.keys()))
   dropped = sets['mulref_test'].b[4]            # first used on mulref_test.txt line 2 (row 2, triple 2)
   keep = [k for k in keys if k != dropped]
@@ -125,7 +126,7 @@ def test_bad_config_fails_early(tmp_path):
   with pytest.raises(UserError, match='config.annotations: /nonexistent: folder not found'):
     main_lib.run(_config(annotations='/nonexistent'), str(tmp_path))
   with pytest.raises(UserError, match='config.image_dir: .*nope: folder not found'):
-    main_lib.run(_config(annotations=tdata.write_synthetic_cosis(str(tmp_path / 'c'), 0, 32),
+    main_lib.run(_config(annotations=cosis.write_synthetic_cosis(str(tmp_path / 'c'), 0, 32),
                          image_dir=str(tmp_path / 'nope')), str(tmp_path / 'wd'))
   c = _config()
   c.model.split = 'shuffled'

@@ -35,7 +35,7 @@ def test_parity_with_pytorch_tiny(tmp_path):
   sd = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
   path = tmp_path / 'vgg_tiny.pth'
   torch.save(ref.state_dict(), path)
-  from visim_jax import safe_pickle
+  from visim_jax.core import safe_pickle
   loaded = safe_pickle.load_torch_state_dict(path)           # the offline route: no torch.load
   variables = vgg.convert_state_dict(loaded, blocks)
   x = np.random.RandomState(0).randn(2, 3, 37, 53).astype(np.float32)  # odd sizes: floor pooling

@@ -1,7 +1,7 @@
 """`refused(fn, *names)`: fn() must fail as a user error in one line naming each of `names` (the gate tests)."""
 import pytest
 
-from visim_jax import errors
+from visim_jax.core import errors
 
 
 def refused(fn, *names) -> str:

@@ -1,10 +1,11 @@
 """visim_jax: learning and measuring visual image similarity (four papers) in JAX.
 
-The house, bottom to top (imports go one way): leaves (ops, errors, preprocess, safe_pickle) <- data/ (one
-loader per source) and backbones/ (one module per family) <- features.py (pooling, extraction, cache, backbone
-config glue) <- the pure math per paper (adaptation, pca, train, simnet, rmac, triplets, ensembles, metrics/)
-<- runtime.py (the one training loop: lock, fingerprint, Orbax, resume), plots/, report.py <- experiments/
-(wiring only) <- main.py and the other command-line tools (search/, classify, export). See README "Layout".
+The house, layer folders from the bottom up (imports run down only; tests/test_house.py checks it):
+core/ (errors, readers, safe_pickle, ops, memory, report, sharding, pca) <- hub/ (sources, download) <- data/ (one
+loader per source, preprocess, pipeline) <- metrics/ <- backbones/ (families, features, cache) <- models/ (pure math
+per paper) <- losses/ <- training/ (runtime, the jitted programs) <- zoo/ (every model by spec) <- plots/ <-
+experiments/ (config -> typed options -> wiring) <- the faces: api.py (`load`), main.py and the other commands.
+See README "Layout".
 """
 
 __all__ = ['load', 'Model']

@@ -5,10 +5,10 @@
     d = model.distance(img0, img1)              # 'adapter:workdirs/tll', ...; smaller = more similar
     e = model.embed(images)                     # (N, D) for embedding models
 
-`load(spec)` takes every spec `config.models` takes (visim_jax/similarity.py builds the model: the same weights,
+`load(spec)` takes every spec `config.models` takes (visim_jax/zoo/similarity.py builds the model: the same weights,
 layers and distance as the command line) plus three short forms: a bare backbone name (`'dreamsim_ensemble'` =
 `'cosine:dreamsim_ensemble'`), `'dreamsim'` (the ensemble) and `'lpips'` / `'lpips_alex'` / `'lpips_vgg'`. When the
-backbone's converted weights are not on this machine and visim_jax/sources.py names their public checkpoint, they
+backbone's converted weights are not on this machine and visim_jax/hub/sources.py names their public checkpoint, they
 are downloaded, checked and converted once (visim_jax/fetch.py); offline (VISIM_OFFLINE=1 or HF_HUB_OFFLINE=1) the
 error names the command to run where the network is allowed.
 
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 WHERE = 'visim_jax.load'
 SHORT = {'dreamsim': 'cosine:dreamsim_ensemble', 'lpips': 'lpips:alex', 'lpips_alex': 'lpips:alex',
@@ -110,7 +110,7 @@ class Model:
     if not self.is_embedding:
       raise UserError(f'{WHERE}: {self.spec!r} is not an embedding model (LPIPS compares two images through the '
                       'network): use model.distance(img0, img1)')
-    from visim_jax import features  # pylint: disable=g-import-not-at-top
+    from visim_jax.backbones import features  # pylint: disable=g-import-not-at-top
     sim = self.similarity
     items, _ = _as_items(images, 'images')
     feats = features.extract(sim.backbone, items, sim.layers, batch_size=self.batch_size, dtype=self.dtype,
@@ -120,7 +120,7 @@ class Model:
   def distance(self, img0, img1):
     """Distances between img0[i] and img1[i] (smaller = more similar): (N,) float32, or a float when both are
     single images. SimNet is not symmetric: img0 is the reference."""
-    from visim_jax import similarity  # pylint: disable=g-import-not-at-top
+    from visim_jax.zoo import scoring  # pylint: disable=g-import-not-at-top
     sim = self.similarity
     _, single0 = _as_items(img0, 'img0')
     _, single1 = _as_items(img1, 'img1')
@@ -128,9 +128,9 @@ class Model:
       f0, f1 = self.embed(img0), self.embed(img1)
       if len(f0) != len(f1):
         raise UserError(f'{WHERE}: img0 has {len(f0)} images, img1 {len(f1)}: give pairs')
-      d = np.asarray(similarity._jitted(sim.distance)(sim.params, f0, f1))  # pylint: disable=protected-access
+      d = np.asarray(scoring._jitted(sim.distance)(sim.params, f0, f1))  # pylint: disable=protected-access
     else:
-      from visim_jax import lpips  # pylint: disable=g-import-not-at-top
+      from visim_jax.models import lpips  # pylint: disable=g-import-not-at-top
       x0, x1 = _lpips_batch(img0, 'img0'), _lpips_batch(img1, 'img1')
       if x0.shape != x1.shape:
         raise UserError(f'{WHERE}: img0 {x0.shape} and img1 {x1.shape} differ: LPIPS compares same-size images '
@@ -145,12 +145,12 @@ class Model:
   def apply(self, params, x):
     """Pure: float NHWC x in [0, 1] -> the rows `distance` compares (embedding models, x at image_size) or
     LPIPS's five normalised maps. Jittable, vmappable, differentiable in params and x."""
-    from visim_jax import lpips  # pylint: disable=g-import-not-at-top
+    from visim_jax.models import lpips  # pylint: disable=g-import-not-at-top
     sim = self.similarity
     x = lpips.as_unit_range(x, 'x', WHERE)
     if not self.is_embedding:
       return lpips.embed(params, x)
-    from visim_jax import features  # pylint: disable=g-import-not-at-top
+    from visim_jax.backbones import features  # pylint: disable=g-import-not-at-top
     size = sim.preprocess.size
     if tuple(x.shape[1:3]) != (size, size):
       raise UserError(f'{WHERE}: apply takes images of the model\'s input size {size}x{size} (model.image_size), '
@@ -162,7 +162,7 @@ class Model:
 
   def apply_distance(self, params, x0, x1):
     """Pure: (N,) distances between float NHWC batches in [0, 1] (see `apply`); a training loss."""
-    from visim_jax import lpips  # pylint: disable=g-import-not-at-top
+    from visim_jax.models import lpips  # pylint: disable=g-import-not-at-top
     if not self.is_embedding:
       return lpips.distance(params, self.apply(params, x0), self.apply(params, x1))
     return self.similarity.distance(params['head'], self.apply(params, x0), self.apply(params, x1))
@@ -179,7 +179,7 @@ def _check_array(a: np.ndarray, what: str) -> np.ndarray:
     return a
   if not np.issubdtype(a.dtype, np.floating):
     raise UserError(f'{WHERE}: {what} must be uint8 (0..255) or float in [0, 1], got {a.dtype}')
-  from visim_jax import lpips  # pylint: disable=g-import-not-at-top
+  from visim_jax.models import lpips  # pylint: disable=g-import-not-at-top
   lpips.as_unit_range(a[..., :3].reshape((-1,) + a.shape[-3:-1] + (3,)), what, WHERE)
   return a
 
@@ -246,7 +246,7 @@ def load(spec: str, *, fetch: bool = True, batch_size: int = 32, dtype: str = 'f
          progress: bool = False) -> Model:
   """The model SPEC names (module docstring), its weights fetched and converted once when missing (fetch=False:
   never download; the error names the command)."""
-  from visim_jax import similarity  # pylint: disable=g-import-not-at-top
+  from visim_jax.zoo import interface, similarity  # pylint: disable=g-import-not-at-top
   spec = resolve_spec(spec)
   name = _backbone_of(spec)
   if fetch and name is not None:
@@ -254,6 +254,6 @@ def load(spec: str, *, fetch: bool = True, batch_size: int = 32, dtype: str = 'f
     fetch_lib.ensure_weights(name, progress=True)
   if dtype not in ('float32', 'bfloat16'):
     raise UserError(f"{WHERE}: dtype={dtype!r}; 'float32' or 'bfloat16'")
-  sim = similarity.build(spec, similarity.Options(cache_dir=None, batch_size=batch_size, dtype=dtype,
+  sim = similarity.build(spec, interface.Options(cache_dir=None, batch_size=batch_size, dtype=dtype,
                                                   progress=progress))
   return Model(spec, sim, batch_size, dtype, progress)

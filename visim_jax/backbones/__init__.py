@@ -7,6 +7,6 @@ def __getattr__(name):  # Backbone and Preprocess import jax: only when asked (l
     from visim_jax.backbones.base import Backbone  # pylint: disable=g-import-not-at-top
     return Backbone
   if name == 'Preprocess':
-    from visim_jax.preprocess import Preprocess  # pylint: disable=g-import-not-at-top
+    from visim_jax.data.preprocess import Preprocess  # pylint: disable=g-import-not-at-top
     return Preprocess
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

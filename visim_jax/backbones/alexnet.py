@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from visim_jax.backbones import resnet
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 # (out channels, kernel, stride, pad, max pool after) of the five convs; torchvision's `features` indices 0,3,6,8,10
 CONVS = ((64, 11, 4, 2, True), (192, 5, 1, 2, True), (384, 3, 1, 1, False), (256, 3, 1, 1, False),

@@ -21,8 +21,8 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from visim_jax.errors import UserError
-from visim_jax.preprocess import Preprocess
+from visim_jax.core.errors import UserError
+from visim_jax.data.preprocess import Preprocess
 
 Stages = Mapping[str, jax.Array]
 

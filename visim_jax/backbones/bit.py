@@ -41,8 +41,8 @@ import numpy as np
 from visim_jax.backbones import resnet
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
-from visim_jax.errors import UserError
-from visim_jax.preprocess import Preprocess
+from visim_jax.core.errors import UserError
+from visim_jax.data.preprocess import Preprocess
 
 WS_VARIANTS = ('timm0.4.5', 'timm', 'big_transfer')
 

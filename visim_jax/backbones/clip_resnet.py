@@ -37,8 +37,8 @@ import numpy as np
 
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
-from visim_jax.errors import UserError
-from visim_jax.preprocess import Preprocess
+from visim_jax.core.errors import UserError
+from visim_jax.data.preprocess import Preprocess
 
 CLIP_MEAN = tuple(255.0 * v for v in (0.48145466, 0.4578275, 0.40821073))
 CLIP_STD = tuple(255.0 * v for v in (0.26862954, 0.26130258, 0.27577711))

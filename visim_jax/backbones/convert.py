@@ -13,7 +13,7 @@ and `<out>.json` beside it: {"sha256" (of the output, checked at every load), "b
 Nothing is written unless the checkpoint fits the backbone's architecture exactly.
 
 Inputs (read by `read_checkpoint`): a PyTorch state dict, zip or legacy `torch.save` (possibly under 'state_dict'
-and with 'module.' prefixes), read by visim_jax.safe_pickle's restricted unpickler (no torch, no code run); a
+and with 'module.' prefixes), read by visim_jax.core.safe_pickle's restricted unpickler (no torch, no code run); a
 .safetensors or .npz file (e.g. Google's original BiT .npz), or a sharded Hugging Face save given by its
 `model.safetensors.index.json` (the shards beside it); a TorchScript archive (OpenAI's CLIP downloads), which
 needs torch and runs the archive's code: convert only files you trust.
@@ -33,13 +33,13 @@ import zipfile
 
 import numpy as np
 
-from visim_jax import readers, safe_pickle
+from visim_jax.core import readers, safe_pickle
 from visim_jax.backbones import registry
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.store import write_converted  # noqa: F401 (convert.write_converted, as before)
 from visim_jax.backbones.base import sha256_file
 from visim_jax.data import resolve
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 # family module -> its `prepare` function (see the module docstring)
 FAMILIES: dict[str, str] = {
@@ -184,7 +184,7 @@ def main(argv) -> None:
 
 def run_main() -> None:
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from visim_jax import errors  # pylint: disable=g-import-not-at-top
+  from visim_jax.core import errors  # pylint: disable=g-import-not-at-top
   flags.DEFINE_string('backbone', None, 'the backbone name the weights are for (as in --list_backbones)')
   flags.DEFINE_string('checkpoint', None, 'the public checkpoint: .pth/.pt/.bin state dict, .safetensors, .npz, '
                       'model.safetensors.index.json (sharded)')

@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from visim_jax.backbones import clip_resnet
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 
 def prepare_state_dict(name: str | None, sd: dict, where: str, tiny: bool = False) -> tuple[dict, dict]:

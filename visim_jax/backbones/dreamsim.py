@@ -49,7 +49,7 @@ embedding; use 'embedding' for DreamSim's numbers.
 Weights: `python -m visim_jax.backbones.convert --backbone=NAME --checkpoint=FOLDER`, FOLDER = DreamSim's
 `cache_dir` as `dreamsim(pretrained=True, cache_dir=FOLDER)` leaves it (or the unzipped release checkpoint zip +
 the torch-hub DINO file): `<tag>_lora/adapter_config.json` + `<tag>_lora/adapter_model.safetensors` (or `.bin`),
-the base files of `BASE_FILES`, read as safetensors or through visim_jax.safe_pickle (never unpickled by torch).
+the base files of `BASE_FILES`, read as safetensors or through visim_jax.core.safe_pickle (never unpickled by torch).
 Writes one safetensors (branch-prefixed vit.py names, LoRA merged) + the sha256 sidecar listing every input's sha256.
 """
 from __future__ import annotations
@@ -66,11 +66,11 @@ import numpy as np
 
 from visim_jax.backbones import vit
 from visim_jax.backbones import weights as weights_lib
-from visim_jax import readers
+from visim_jax.core import readers
 from visim_jax.backbones.base import Backbone, sha256_file
 from visim_jax.data import resolve
-from visim_jax.errors import UserError
-from visim_jax.preprocess import Preprocess
+from visim_jax.core.errors import UserError
+from visim_jax.data.preprocess import Preprocess
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))

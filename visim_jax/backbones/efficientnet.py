@@ -47,8 +47,8 @@ from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
 from visim_jax.backbones.resnet import preprocess as seed_transform  # the seed's default transform, one copy
 from visim_jax.backbones.efficientnet_lite import DepthwiseConv
-from visim_jax.errors import UserError
-from visim_jax.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from visim_jax.core.errors import UserError
+from visim_jax.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
 # (repeats, kernel, stride, expansion, channels) of B0; stage 1 is depthwise-separable (expansion 1)
 STAGES = ((1, 3, 1, 1, 16), (2, 3, 2, 6, 24), (2, 5, 2, 6, 40), (3, 3, 2, 6, 80), (3, 5, 1, 6, 112),

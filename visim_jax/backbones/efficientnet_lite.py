@@ -22,10 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import safe_pickle
+from visim_jax.core import safe_pickle
 from visim_jax.backbones.base import Backbone, sha256_file
-from visim_jax.errors import UserError
-from visim_jax.preprocess import Preprocess
+from visim_jax.core.errors import UserError
+from visim_jax.data.preprocess import Preprocess
 
 # (repeats, kernel, stride, expand ratio, in, out) of EfficientNet-B0 / Lite0 (width 1.0, depth 1.0)
 BLOCKS = ((1, 3, 1, 1, 32, 16), (2, 3, 2, 6, 16, 24), (2, 5, 2, 6, 24, 40), (3, 3, 2, 6, 40, 80),
@@ -173,13 +173,13 @@ def convert_state_dict(sd: dict[str, np.ndarray]) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def imagenet_labels() -> tuple[str, ...]:
-  """The 1,000 ImageNet-1k class names, in index order: visim_jax/paper_data/imagenet_labels.txt, one a line
+  """The 1,000 ImageNet-1k class names, in index order: visim_jax/data/paper_data/imagenet_labels.txt, one a line
   (written once from tensorflow-datasets' siscore/labels.py IMAGENET_LABELS_LIST, the usual WordNet names)."""
   from importlib import resources  # pylint: disable=g-import-not-at-top
-  text = resources.files('visim_jax.paper_data').joinpath('imagenet_labels.txt').read_text(encoding='utf-8')
+  text = resources.files('visim_jax.data.paper_data').joinpath('imagenet_labels.txt').read_text(encoding='utf-8')
   labels = tuple(text.splitlines())
   if len(labels) != 1000:
-    raise RuntimeError(f'visim_jax/paper_data/imagenet_labels.txt: {len(labels)} lines, expected 1000')
+    raise RuntimeError(f'visim_jax/data/paper_data/imagenet_labels.txt: {len(labels)} lines, expected 1000')
   return labels
 
 

@@ -49,8 +49,8 @@ import numpy as np
 
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone, sha256_file
-from visim_jax.errors import UserError
-from visim_jax.preprocess import Preprocess
+from visim_jax.core.errors import UserError
+from visim_jax.data.preprocess import Preprocess
 
 CLIP_MEAN = tuple(255.0 * v for v in (0.48145466, 0.4578275, 0.40821073))
 CLIP_STD = tuple(255.0 * v for v in (0.26862954, 0.26130258, 0.27577711))
@@ -186,32 +186,32 @@ def torch_bicubic_matrix(n_in: int, n_out: int, a: float = -0.75, scale_factor: 
   return m
 
 
-def _dinov2_at_size(config, variables, size: int):
+def _dinov2_at_size(arch, variables, size: int):
   """DINOv2 at an input grid other than its pre-training one (518 -> 224): the position embeddings resized the
-  way the PyTorch reference does (transformers' Flax port resizes differently), and a config of that size."""
+  way the PyTorch reference does (transformers' Flax port resizes differently), and an architecture of that size."""
   pe = variables['params']['embeddings']['position_embeddings']
   n = int(round(np.sqrt(pe.shape[1] - 1)))
-  g = size // config.patch_size
+  g = size // arch.patch_size
   if g == n:
-    return config, variables
+    return arch, variables
   m = jnp.asarray(torch_bicubic_matrix(n, g), jnp.float32)
   grid = pe[0, 1:].reshape(n, n, -1).astype(jnp.float32)
   grid = jnp.einsum('ia,jb,abc->ijc', m, m, grid, precision=jax.lax.Precision.HIGHEST).reshape(g * g, -1)
   new_pe = jnp.concatenate([pe[0, :1].astype(jnp.float32), grid])[None].astype(pe.dtype)
   params = dict(variables['params'])
   params['embeddings'] = dict(params['embeddings'], position_embeddings=new_pe)
-  config = copy.deepcopy(config)
-  config.image_size = g * config.patch_size
-  return config, dict(variables, params=params)
+  arch = copy.deepcopy(arch)
+  arch.image_size = g * arch.patch_size
+  return arch, dict(variables, params=params)
 
 
-def apply_hf(module_class, module_kwargs: dict, config, family: str, variables, x):
+def apply_hf(module_class, module_kwargs: dict, arch, family: str, variables, x):
   """Pure (final, stages) of a transformers Flax module on a normalised NHWC batch, computed at x.dtype."""
   if family == 'dinov2':
     if x.shape[1] != x.shape[2]:
       raise UserError(f'dinov2: square inputs only, got {x.shape}')
-    config, variables = _dinov2_at_size(config, variables, x.shape[1])
-  module = module_class(config=config, dtype=x.dtype, **module_kwargs)
+    arch, variables = _dinov2_at_size(arch, variables, x.shape[1])
+  module = module_class(config=arch, dtype=x.dtype, **module_kwargs)
   out = module.apply(variables, x, deterministic=True, output_hidden_states=True, return_dict=True)
   hs = out.hidden_states
   stages = {}
@@ -246,17 +246,17 @@ def _random_variables(module, size: int, seed: int):
   return weights_lib.random_variables(lambda key: module.init({'params': key}, x, deterministic=True), seed)
 
 
-def _check_arch(name: str, folder: str, want: dict, config) -> None:
+def _check_arch(name: str, folder: str, want: dict, arch) -> None:
   for k in _ARCH_FIELDS:
-    if k in want and hasattr(config, k) and list(np.atleast_1d(getattr(config, k))) != list(np.atleast_1d(want[k])):
+    if k in want and hasattr(arch, k) and list(np.atleast_1d(getattr(arch, k))) != list(np.atleast_1d(want[k])):
       raise UserError(f'{name}: weights in {folder} are a different architecture: config.json {k}='
-                       f'{getattr(config, k)!r}, {name} expects {want[k]!r}')
+                       f'{getattr(arch, k)!r}, {name} expects {want[k]!r}')
 
 
-def _image_size(family: str, config, tiny: bool) -> int:
+def _image_size(family: str, arch, tiny: bool) -> int:
   """The input size: the position-embedding grid of CLIP/ViT (224 for the registered models), else 224."""
   if family in ('clip', 'vit'):
-    return int(config.image_size)
+    return int(arch.image_size)
   return TINY_SIZE if tiny else 224
 
 
@@ -277,7 +277,7 @@ def read_hf_state(path: str, model_cls, shapes: dict) -> dict:
     from transformers.modeling_flax_pytorch_utils import convert_pytorch_state_dict_to_flax  # pylint: disable=g-import-not-at-top
     shim = types.SimpleNamespace(base_model_prefix=model_cls.base_model_prefix,
                                  params=shapes if 'batch_stats' in shapes else shapes['params'])
-    from visim_jax import readers  # pylint: disable=g-import-not-at-top
+    from visim_jax.core import readers  # pylint: disable=g-import-not-at-top
     state = convert_pytorch_state_dict_to_flax(readers.read_safetensors(path), shim)
   state = dict(state)
   return state if 'params' in state else {'params': state}
@@ -308,7 +308,7 @@ def select_variables(state: dict, shapes: dict, prefix: str, where: str) -> dict
 
 
 def _load_pretrained(name: str, want: dict, folder: str, family: str):
-  from visim_jax import readers  # pylint: disable=g-import-not-at-top
+  from visim_jax.core import readers  # pylint: disable=g-import-not-at-top
   path = weights_lib.hf_weight_file(folder, name)
   readers.read_json(os.path.join(folder, 'config.json'), dict, 'config.json')  # bad bytes / a list: one line
   config_cls, model_cls, module_kwargs = _classes(family)

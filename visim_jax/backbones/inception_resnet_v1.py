@@ -41,12 +41,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from visim_jax import ops
+from visim_jax.core import ops
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
 from visim_jax.backbones.resnet import preprocess as seed_transform  # the seed's default transform, one copy
-from visim_jax.errors import UserError
-from visim_jax.preprocess import Preprocess
+from visim_jax.core.errors import UserError
+from visim_jax.data.preprocess import Preprocess
 
 BN_EPS = 1e-3
 DEFAULT_LAYERS = ('block8',)

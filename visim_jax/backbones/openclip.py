@@ -24,7 +24,7 @@ Preprocessing (open_clip `pretrained.py` `_pcfg` + `transform.py` `image_transfo
 (0.5, 0.5, 0.5) / (0.5, 0.5, 0.5) for L/14 laion2b_s32b_b82k (its `_pcfg(mean=INCEPTION_MEAN, std=INCEPTION_STD)`).
 
 Weights: the file users download from the hub repo above, `open_clip_pytorch_model.bin` (a torch pickle: read only
-through visim_jax.safe_pickle) or `open_clip_model.safetensors`, converted once by
+through visim_jax.core.safe_pickle) or `open_clip_model.safetensors`, converted once by
 `python -m visim_jax.backbones.convert --backbone=NAME --checkpoint=FILE`: the `visual.*` tensors (the text tower is
 dropped) renamed to vit.py's layout (`conv1` -> `patch_embed.proj`, `class_embedding` -> `cls_token`,
 `positional_embedding` -> `pos_embed`, `transformer.resblocks.N.{ln_1,attn.in_proj_*,attn.out_proj,ln_2,mlp.c_fc,
@@ -42,8 +42,8 @@ import numpy as np
 from visim_jax.backbones import vit
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
-from visim_jax.errors import UserError
-from visim_jax.preprocess import Preprocess
+from visim_jax.core.errors import UserError
+from visim_jax.data.preprocess import Preprocess
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)

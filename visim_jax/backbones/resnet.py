@@ -33,8 +33,8 @@ import jax.numpy as jnp
 
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
-from visim_jax.errors import UserError
-from visim_jax.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from visim_jax.core.errors import UserError
+from visim_jax.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,8 +42,8 @@ Weights: a safetensors file in HF SiglipVisionModel names without the `vision_mo
 `head.probe`, `head.attention.in_proj_weight`, ...), float32, default `$VISIM_JAX_WEIGHTS/<name>.safetensors`,
 written once by `python -m visim_jax.backbones.convert --backbone=NAME --checkpoint=FILE` from an HF
 model.safetensors (SiglipModel or SiglipVisionModel; the text tower is dropped), a big_vision .npz (img/ tower,
-python-loop or scanned encoder blocks; renamed to the HF names, see `npz_to_hf`), or an open_clip / timm SigLIP
-checkpoint (`visual.trunk.*` or timm's `vit_*_siglip_*` names; `timm_to_hf`).
+python-loop or scanned encoder blocks; renamed to the HF names, see siglip_layouts.npz_to_hf), or an open_clip / timm SigLIP
+checkpoint (`visual.trunk.*` or timm's `vit_*_siglip_*` names; siglip_layouts.timm_to_hf).
 """
 from __future__ import annotations
 
@@ -58,13 +58,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import readers
+from visim_jax.core import readers
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
-from visim_jax.backbones import vit
+from visim_jax.backbones import siglip_layouts, vit
 from visim_jax.backbones.vit import LN_EPS, Block, patch_embed
-from visim_jax.errors import UserError
-from visim_jax.preprocess import Preprocess
+from visim_jax.core.errors import UserError
+from visim_jax.data.preprocess import Preprocess
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,121 +239,6 @@ def to_flax(sd: dict, where: str = 'weights') -> dict:
   return variables
 
 
-_NPZ_BLOCK = {'LayerNorm_0': 'layer_norm1', 'LayerNorm_1': 'layer_norm2', 'MlpBlock_0/Dense_0': 'mlp.fc1',
-              'MlpBlock_0/Dense_1': 'mlp.fc2', 'MultiHeadDotProductAttention_0/query': 'self_attn.q_proj',
-              'MultiHeadDotProductAttention_0/key': 'self_attn.k_proj',
-              'MultiHeadDotProductAttention_0/value': 'self_attn.v_proj',
-              'MultiHeadDotProductAttention_0/out': 'self_attn.out_proj'}
-_NPZ_HEAD = {'LayerNorm_0': 'layernorm', 'MlpBlock_0/Dense_0': 'mlp.fc1', 'MlpBlock_0/Dense_1': 'mlp.fc2',
-             'MultiHeadDotProductAttention_0/out': 'attention.out_proj',
-             'MultiHeadDotProductAttention_0/query': 'attention.q', 'MultiHeadDotProductAttention_0/key': 'attention.k',
-             'MultiHeadDotProductAttention_0/value': 'attention.v'}  # q, k, v: stacked into in_proj below
-_NPZ_TOP = {'embedding': 'embeddings.patch_embedding', 'Transformer/encoder_norm': 'post_layernorm'}
-
-
-def _torch_layout(module: str, kind: str, v: np.ndarray) -> np.ndarray:
-  """A flax leaf -> the torch one: conv HWIO -> OIHW; Dense (in, out) -> (out, in); attention query/key/value
-  kernels (C, H, D) -> (H*D, C) and biases (H, D) -> (H*D,); the attention out kernel (H, D, C) -> (C, H*D)."""
-  if kind == 'kernel':
-    if v.ndim == 4:
-      return np.ascontiguousarray(v.transpose(3, 2, 0, 1))
-    if v.ndim == 3:
-      v = v.reshape(-1, v.shape[-1]) if module.endswith('/out') else v.reshape(v.shape[0], -1)
-    return np.ascontiguousarray(v.T)
-  return v.reshape(-1) if kind == 'bias' else v
-
-
-def npz_to_hf(tensors: dict, where: str) -> dict:
-  """A big_vision SigLIP / SigLIP 2 checkpoint ({'params/img/...': array}: flattened '/' paths of the two-tower
-  params; the text tower, t and b ignored) -> the image tower in HF names and torch layouts, as transformers'
-  SigLIP conversion maps them (_torch_layout; LayerNorm scale -> weight; the MAP head's query/key/value stacked
-  into in_proj). Scanned checkpoints (`Transformer/encoderblock/...`, a leading depth axis) are split per block."""
-  img = {}
-  for k, v in tensors.items():
-    k = k[len('params/'):] if k.startswith('params/') else k
-    if k.startswith('img/'):
-      img[k[len('img/'):]] = np.asarray(v, np.float32)
-  if not img:
-    raise UserError(f'{where}: no image tower (keys params/img/...) in this .npz; expected a big_vision SigLIP '
-                    'checkpoint (gs://big_vision/siglip/*.npz or gs://big_vision/siglip2/*.npz)')
-  for k in [k for k in img if k.startswith('Transformer/encoderblock/')]:  # scan layout -> one entry per block
-    stacked = img.pop(k)
-    for i in range(stacked.shape[0]):
-      img[k.replace('encoderblock/', f'encoderblock_{i}/', 1)] = stacked[i]
-  out = {}
-  for k, v in sorted(img.items()):
-    if k == 'pos_embedding':
-      out['embeddings.position_embedding.weight'] = v.reshape(-1, v.shape[-1])
-      continue
-    if k == 'MAPHead_0/probe':
-      out['head.probe'] = v
-      continue
-    module, kind = k.rsplit('/', 1)
-    m = re.match(r'Transformer/encoderblock_(\d+)/(.+)$', module)
-    if m:
-      target = _NPZ_BLOCK.get(m.group(2))
-      target = target and f'encoder.layers.{m.group(1)}.{target}'
-    elif module.startswith('MAPHead_0/'):
-      target = _NPZ_HEAD.get(module[len('MAPHead_0/'):])
-      target = target and f'head.{target}'
-    elif module == 'head':
-      continue  # a classifier / projection head: not part of the image embedding
-    else:
-      target = _NPZ_TOP.get(module)
-    if target is None or kind not in ('kernel', 'bias', 'scale'):
-      raise UserError(f'{where}: unexpected entry img/{k} for a SigLIP image tower')
-    out[f'{target}.{"bias" if kind == "bias" else "weight"}'] = _torch_layout(module, kind, v)
-  for leaf in ('weight', 'bias'):
-    parts = [out.pop(f'head.attention.{p}.{leaf}', None) for p in 'qkv']
-    if all(p is not None for p in parts):
-      out[f'head.attention.in_proj_{leaf}'] = np.concatenate(parts, axis=0)
-  return out
-
-
-_TIMM = {'patch_embed.proj': 'embeddings.patch_embedding', 'norm': 'post_layernorm', 'attn_pool.proj':
-         'head.attention.out_proj', 'attn_pool.norm': 'head.layernorm', 'attn_pool.mlp.fc1': 'head.mlp.fc1',
-         'attn_pool.mlp.fc2': 'head.mlp.fc2'}
-_TIMM_BLOCK = {'norm1': 'layer_norm1', 'norm2': 'layer_norm2', 'attn.proj': 'self_attn.out_proj', 'mlp.fc1': 'mlp.fc1',
-               'mlp.fc2': 'mlp.fc2'}
-
-
-def timm_to_hf(sd: dict, where: str) -> dict:
-  """An open_clip SigLIP checkpoint (`visual.trunk.*`: timm's VisionTransformer with global_pool='map', e.g.
-  hf-hub timm/ViT-B-16-SigLIP2 open_clip_model.safetensors; the text tower dropped) or timm's own
-  `vit_*_siglip_*` state dict -> the HF names: each block's fused qkv split into q/k/v (rows q, k, v as timm's
-  reshape(3, heads, head_dim)); the attention pool's latent -> probe, q and kv (rows k, v) -> in_proj."""
-  trunk = 'visual.trunk.' if any(k.startswith('visual.trunk.') for k in sd) else ''
-  out = {}
-  for k, v in sd.items():
-    if not k.startswith(trunk):
-      continue  # open_clip's text tower, logit_scale, logit_bias
-    k, v = k[len(trunk):], np.ascontiguousarray(np.asarray(v, np.float32))
-    module, _, leaf = k.rpartition('.')
-    m = re.match(r'blocks\.(\d+)\.(.+)$', module)
-    if k == 'pos_embed':
-      out['embeddings.position_embedding.weight'] = v.reshape(-1, v.shape[-1])
-    elif k == 'attn_pool.latent':
-      out['head.probe'] = v
-    elif module in ('attn_pool.q', 'attn_pool.kv'):
-      out[f'head.attention.{module[len("attn_pool."):]}.{leaf}'] = v  # stacked below
-    elif m and m.group(2) == 'attn.qkv':
-      for p, part in zip('qkv', np.split(v, 3, axis=0)):
-        out[f'encoder.layers.{m.group(1)}.self_attn.{p}_proj.{leaf}'] = part
-    elif m and m.group(2) in _TIMM_BLOCK:
-      out[f'encoder.layers.{m.group(1)}.{_TIMM_BLOCK[m.group(2)]}.{leaf}'] = v
-    elif module in _TIMM:
-      out[f'{_TIMM[module]}.{leaf}'] = v
-    elif module in ('head', 'fc_norm'):
-      continue  # a classifier head / its norm: not part of the image embedding
-    else:
-      raise UserError(f'{where}: unexpected entry {trunk}{k} for a timm / open_clip SigLIP image tower')
-  for leaf in ('weight', 'bias'):
-    q, kv = out.pop(f'head.attention.q.{leaf}', None), out.pop(f'head.attention.kv.{leaf}', None)
-    if q is not None and kv is not None:
-      out[f'head.attention.in_proj_{leaf}'] = np.concatenate([q, kv], axis=0)
-  return out
-
-
 def _hf_preprocessing(where: str, arch: Arch) -> dict:
   """{'interpolation'} from preprocessor_config.json beside an HF checkpoint (SiglipImageProcessor's defaults when
   there is none); fails on a processor that is not SigLIP's fixed-size squash to [-1, 1]."""
@@ -383,9 +268,9 @@ def prepare_state_dict(name: str, sd: dict, where: str, tiny: bool = False) -> t
   sidecar info {'architecture', 'weights_source', 'interpolation'}); fails, naming the file, unless it fits NAME."""
   arch = _arch(name, tiny)
   if any('/' in k for k in sd):  # big_vision's flattened param paths; HF names are dotted
-    out, source, extra = npz_to_hf(sd, where), 'big_vision', {'interpolation': 'tf_bilinear'}
+    out, source, extra = siglip_layouts.npz_to_hf(sd, where), 'big_vision', {'interpolation': 'tf_bilinear'}
   elif any(k.endswith('attn_pool.latent') for k in sd):  # timm's VisionTransformer (open_clip's SigLIP trunk)
-    out, source, extra = timm_to_hf(sd, where), 'open_clip', {'interpolation': 'bicubic'}
+    out, source, extra = siglip_layouts.timm_to_hf(sd, where), 'open_clip', {'interpolation': 'bicubic'}
   else:
     out = {}
     for k, v in sd.items():

@@ -109,9 +109,9 @@ def converted_path(name: str, weights: str | None = None) -> str:
 def write_converted(tensors: dict[str, np.ndarray], out: str, info: dict) -> dict:
   """Writes `out` (safetensors, atomically) and `<out>.json` with its sha256 + `info`; returns the sidecar."""
   from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
-  from visim_jax import ops  # pylint: disable=g-import-not-at-top
+  from visim_jax.core import ops  # pylint: disable=g-import-not-at-top
   from visim_jax.backbones.base import sha256_file  # pylint: disable=g-import-not-at-top
-  from visim_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+  from visim_jax.core.errors import UserError  # pylint: disable=g-import-not-at-top
   if not out.endswith('.safetensors'):
     raise UserError(f'--out {out}: must end with .safetensors')
   tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}

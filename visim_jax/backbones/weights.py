@@ -20,7 +20,7 @@ import numpy as np  # jax is imported where used: the registry's weights look-up
 from visim_jax.backbones import packaged
 from visim_jax.backbones.store import (  # noqa: F401 (weights.default_location etc., as before)
     convert_command, converted_path, default_location, network_allowed, weights_dir)
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 HF_FILES = ('config.json', 'flax_model.msgpack', 'model.safetensors')
 
@@ -127,7 +127,7 @@ def random_variables(init_fn, seed: int) -> dict:
 
 def read_tensors(path: str) -> dict[str, np.ndarray]:
   """{name: array} from a .safetensors or .npz file (never a pickle); bad bytes fail in one line (readers.py)."""
-  from visim_jax import readers  # pylint: disable=g-import-not-at-top
+  from visim_jax.core import readers  # pylint: disable=g-import-not-at-top
   if path.endswith('.safetensors'):
     return readers.read_safetensors(path)
   if path.endswith('.npz'):
@@ -138,7 +138,7 @@ def read_tensors(path: str) -> dict[str, np.ndarray]:
 
 def check_sidecar(path: str) -> str:
   """sha256 of `path`; must equal the one recorded in `<path>.json` when that sidecar exists."""
-  from visim_jax import readers  # pylint: disable=g-import-not-at-top
+  from visim_jax.core import readers  # pylint: disable=g-import-not-at-top
   from visim_jax.backbones.base import sha256_file  # pylint: disable=g-import-not-at-top
   digest = sha256_file(path)
   sidecar = path + '.json'

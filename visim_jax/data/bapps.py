@@ -31,7 +31,7 @@ import numpy as np
 from visim_jax.data import resolve
 from visim_jax.data.images import IMAGE_EXTENSIONS
 from visim_jax.data.judgements import JNDSet, TwoAFCSet, check_files, read_fraction
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 TWOAFC_SETS = {'train': ('traditional', 'cnn', 'mix'),
                'val': ('traditional', 'cnn', 'superres', 'deblur', 'color', 'frameinterp')}

@@ -22,10 +22,10 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from visim_jax import ops, readers
+from visim_jax.core import ops, readers
 from visim_jax.data import images as images_lib
 from visim_jax.data import npz
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 
 class LabelledImages(NamedTuple):

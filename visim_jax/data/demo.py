@@ -10,7 +10,7 @@ which stands in for TLL's 'totally looks like' pairs until the user points the c
 right/NNNNN.png, plus classes.csv: name,source) and returns that folder; the same seed gives byte-identical
 files. Where: `root` (config.demo.root) if given, else `<cache_dir>/demo` when a cache folder is given
 (config.cache_dir: everything the tools cache goes where the user said), else $VISIM_CACHE/demo or
-~/.cache/visim_jax/demo. `from_config(config)` does that for a config. The set is built in a temp folder
+~/.cache/visim_jax/demo. `experiments/config_fields.demo_root(config)` does that for a config. The set is built in a temp folder
 and renamed into place (concurrent builders: one wins, the others use its set); files get the umask's
 permissions. The class of a pair (its source photo) also makes a small labelled set.
 """
@@ -28,8 +28,8 @@ from typing import Callable
 import numpy as np
 from PIL import Image, ImageFilter, ImageOps
 
-from visim_jax import ops
-from visim_jax.errors import UserError
+from visim_jax.core import ops
+from visim_jax.core.errors import UserError
 
 DEMO_VERSION = 2
 IMAGE_SIZE = 160  # side of the stored demo images
@@ -180,12 +180,6 @@ def demo_pairs(root: str | None = None, n_pairs: int = 192, seed: int = 0, cache
   return write_once(root or default_root(cache_dir), f'pairs-v{DEMO_VERSION}-n{n_pairs}-seed{seed}',
                     lambda folder: _build(folder, n_pairs, seed),
                     {'version': DEMO_VERSION, 'n_pairs': n_pairs, 'seed': seed})
-
-
-def from_config(config) -> str:
-  """demo_pairs for a config: config.demo.{root, n_pairs, seed}, and config.cache_dir when set."""
-  return demo_pairs(config.demo.root or None, config.demo.n_pairs, config.demo.seed,
-                    cache_dir=config.get('cache_dir') or None)
 
 
 def demo_classes(folder: str) -> dict[str, str]:

@@ -36,7 +36,7 @@ import os
 import numpy as np
 from PIL import Image, ImageChops, ImageFilter
 
-from visim_jax import ops
+from visim_jax.core import ops
 from visim_jax.data import bapps, demo
 
 HUMAN_DEMO_VERSION = 4

@@ -29,8 +29,8 @@ import numpy as np
 from absl import logging
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from visim_jax.errors import UserError
-from visim_jax.preprocess import Preprocess
+from visim_jax.core.errors import UserError
+from visim_jax.data.preprocess import Preprocess
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp', '.tif', '.tiff', '.ppm')
 _RESAMPLE = {'bilinear': Image.Resampling.BILINEAR, 'bicubic': Image.Resampling.BICUBIC}

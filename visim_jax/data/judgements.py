@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 
 def _unique(*lists: Sequence[str]) -> list[str]:

@@ -30,10 +30,10 @@ import os
 
 import numpy as np
 
-from visim_jax import readers
+from visim_jax.core import readers
 from visim_jax.data import resolve
 from visim_jax.data.judgements import TwoAFCSet, check_files
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 SPLITS = ('train', 'val', 'test', 'test_imagenet', 'test_no_imagenet')
 MIN_VOTES = 6

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 TEXT = ('names', 'labels', 'class_names', 'imlist', 'qimlist')
 

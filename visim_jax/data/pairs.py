@@ -11,10 +11,10 @@ import os
 
 import numpy as np
 
-from visim_jax import readers
+from visim_jax.core import readers
 from visim_jax.data import npz, resolve
 from visim_jax.data.images import IMAGE_EXTENSIONS
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 
 @dataclasses.dataclass
@@ -92,16 +92,6 @@ def load_pairs(root: str, subset: str | None = None) -> Pairs:
       raise UserError(f'{right[only_r[0]]}: right image without its left partner ({len(only_r)} such)')
     names = sorted(left)
   return Pairs(names=names, left=[left[n] for n in names], right=[right[n] for n in names])
-
-
-def from_config(config) -> tuple[Pairs, str]:
-  """(pairs, root) a config names: dataset 'demo' (the embedded set, written once under config.demo.root or
-  config.cache_dir) or else data_dir + subset."""
-  if config.dataset == 'demo':
-    from visim_jax.data import demo
-    root = demo.from_config(config)
-    return load_pairs(root), root
-  return load_pairs(config.data_dir, config.subset or None), config.data_dir
 
 
 def load_feature_pairs(path: str) -> tuple[np.ndarray, np.ndarray, list[str]]:

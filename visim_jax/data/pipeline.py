@@ -31,7 +31,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
-from visim_jax import ops
+from visim_jax.core import ops
 from visim_jax.data import images as images_lib
 
 IMAGE_CACHE_VERSION = 1

@@ -11,13 +11,13 @@ with `..`, or is (or passes through) a symbolic link whose real path is outside 
 A root that is itself a symbolic link (`nights -> /big/disk/nights`) is fine: the comparison is between real paths.
 The returned path is the joined one (not the real one), so names and caches keep the spelling users see. A loader
 makes one `Root` per data file: the root's real path and each folder's are found once, then a path costs one lstat.
-(A leaf: imports only visim_jax.errors.)
+(A leaf: imports only visim_jax.core.errors.)
 """
 from __future__ import annotations
 
 import os
 
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 
 def _within(path: str, root: str) -> bool:

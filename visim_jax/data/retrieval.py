@@ -7,7 +7,7 @@ good + ok; junk is ignored by the metric (visim_jax.metrics.map.evaluate_classic
 
 Revisited (Radenovic et al. 2018, gnd_roxford5k.pkl / gnd_rparis6k.pkl): a pickle of
 {'imlist': [names], 'qimlist': [query names], 'gnd': [{'bbx': [x1, y1, x2, y2], 'easy': [idx], 'hard': [idx],
-'junk': [idx]}, ...]} with indices into imlist. It is read with visim_jax.safe_pickle.load_data_pickle
+'junk': [idx]}, ...]} with indices into imlist. It is read with visim_jax.core.safe_pickle.load_data_pickle
 (containers + numpy arrays only; never a plain pickle.load).
 
 Classic as a pickle (cirtorch's gnd_oxford5k.pkl / gnd_paris6k.pkl: the same dict with {'bbx', 'ok', 'junk'}
@@ -31,8 +31,8 @@ from typing import Sequence
 
 import numpy as np
 
-from visim_jax import readers, safe_pickle
-from visim_jax.errors import UserError
+from visim_jax.core import readers, safe_pickle
+from visim_jax.core.errors import UserError
 
 CLASSIC_SUFFIXES = ('good', 'ok', 'junk')
 

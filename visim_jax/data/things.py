@@ -25,11 +25,11 @@ import os
 
 import numpy as np
 
-from visim_jax import readers
+from visim_jax.core import readers
 from visim_jax.data import resolve
 from visim_jax.data.images import IMAGE_EXTENSIONS
 from visim_jax.data.judgements import OddOneOutSet, check_files
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 FORMS = ('auto', 'dreamsim', 'osf', 'index0')
 OSF_COLUMNS = ('image1', 'image2', 'image3', 'choice')

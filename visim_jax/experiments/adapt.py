@@ -11,7 +11,7 @@ Data sources (config.dataset):
 Sizes known before extraction (pairs, feature dim, pca_dim, ks) are checked before any image is read.
 Outputs in the workdir: config.json, fingerprint.json, metrics.json (schema in README), curves.npz,
 adapter.npz (run 0's final PCA + W, for `python -m visim_jax.search --adapter=...`), TensorBoard scalars
-(per checkpoint chunk, while training), plots/*.png, checkpoints/ (see visim_jax/runtime.py).
+(per checkpoint chunk, while training), plots/*.png, checkpoints/ (see visim_jax/training/runtime.py).
 """
 from __future__ import annotations
 
@@ -22,15 +22,18 @@ import time
 import jax
 import numpy as np
 
-from visim_jax import compile_cache, features as features_lib
-from visim_jax import collapse, runtime, sharding, train
+from visim_jax.training import compile_cache
+from visim_jax.backbones import features as features_lib
+from visim_jax.training import collapse, runtime, adaptation_runs
+from visim_jax.core import sharding
 from visim_jax.data import npz
 from visim_jax.data import pairs as pairs_lib
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 from visim_jax.experiments.adapt_parse import check_sizes, hparams_from_config, validate_config  # noqa: F401 (the gate)
+from visim_jax.experiments import config_fields
 
 
-def load_features(config, hp: train.Hparams, ks, progress: bool = True):
+def load_features(config, hp: adaptation_runs.Hparams, ks, progress: bool = True):
   """(Features, names, (left_paths, right_paths) or None, description dict); sizes checked before extraction."""
   if config.dataset == 'features':
     left, right, names = pairs_lib.load_feature_pairs(config.features)
@@ -50,10 +53,10 @@ def load_features(config, hp: train.Hparams, ks, progress: bool = True):
         pairs_lib.check_feature_pairs(*flips, names, source=f'{config.features} (flip)')
         if flips[0].shape != left.shape:
           raise UserError(f'{config.features}: left_flip {flips[0].shape} and left {left.shape} shapes differ')
-    return train.Features(left, right, *flips), names, None, desc
+    return adaptation_runs.Features(left, right, *flips), names, None, desc
 
-  pairs, root = pairs_lib.from_config(config)
-  fo = features_lib.options(config)
+  pairs, root = config_fields.pairs(config)
+  fo = config_fields.options(config)
   backbone, layers = features_lib.build(fo)
   check_sizes(hp, len(pairs), sum(backbone.layer_dims(layers).values()), ks)
   runtime.say(f'{len(pairs)} pairs from {root}; features: {backbone.name} ({",".join(layers)})')
@@ -63,29 +66,29 @@ def load_features(config, hp: train.Hparams, ks, progress: bool = True):
   flips = (get(pairs.left, 'left', True), get(pairs.right, 'right', True)) if config.flip else (None, None)
   pairs_lib.check_feature_pairs(left, right, pairs.names, source=f'{config.backbone} features of {root}')
   desc = {**features_lib.describe(backbone, layers), 'root': os.path.abspath(root)}
-  return train.Features(left, right, *flips), pairs.names, (pairs.left, pairs.right), desc
+  return adaptation_runs.Features(left, right, *flips), pairs.names, (pairs.left, pairs.right), desc
 
 
-def train_all(hp: train.Hparams, feats: train.Features, run: runtime.Run | None = None, checkpoint_every: int = 25,
+def train_all(hp: adaptation_runs.Hparams, feats: adaptation_runs.Features, run: runtime.Run | None = None, checkpoint_every: int = 25,
               progress: bool = True, devices=None, ks=(1,)) -> dict:
   """Every run through the runtime loop (checkpoints in `run`, none when run is None).
 
   The runs axis is sharded over `devices` (default: every device of every host; see sharding.py).
-  Every run trains at every sigma of hp.sigmas in the same program (train.train_chunk).
+  Every run trains at every sigma of hp.sigmas in the same program (adaptation_runs.train_chunk).
   Returns numpy arrays: loss (R, S, E), ranks (R, S, E, n_test), val_ranks (R, S, E, n_val) or None,
   raw/pca baseline ranks (R, n_test), explained variance (R,), final params (R, S, ...), PCAs, test_idx
-  (R, n_test), val_idx (R, n_val) or None; train.select_sigma(out, s) gives one sigma's view.
+  (R, n_test), val_idx (R, n_val) or None; adaptation_runs.select_sigma(out, s) gives one sigma's view.
   """
   mesh = sharding.make_mesh('runs', devices)
   per_run, rep = sharding.split(mesh), sharding.replicated(mesh)
   runs = hp.runs
   hp_x = dataclasses.replace(hp, runs=sharding.padded(runs, mesh))  # extra runs are computed, then dropped
-  feats_j = train.Features(*(None if a is None else sharding.to_global(np.asarray(a, np.float32), rep)
+  feats_j = adaptation_runs.Features(*(None if a is None else sharding.to_global(np.asarray(a, np.float32), rep)
                              for a in feats))
-  sp = jax.jit(train.splits, static_argnums=(0, 1), out_shardings=per_run)(hp_x, len(feats.left))
+  sp = jax.jit(adaptation_runs.splits, static_argnums=(0, 1), out_shardings=per_run)(hp_x, len(feats.left))
   shape = lambda idx: (hp_x.runs, len(hp.sigmas), hp.epochs, idx.shape[1])
-  fit = jax.jit(train.fit_pcas, static_argnums=0, out_shardings=per_run)
-  init = jax.jit(train.init_state, static_argnums=0, out_shardings=per_run)
+  fit = jax.jit(adaptation_runs.fit_pcas, static_argnums=0, out_shardings=per_run)
+  init = jax.jit(adaptation_runs.init_state, static_argnums=0, out_shardings=per_run)
   host = {'loss': np.zeros(shape(sp.test)[:3], np.float32), 'ranks': np.zeros(shape(sp.test), np.int32)}
   if sp.val is not None:
     host['val_ranks'] = np.zeros(shape(sp.val), np.int32)
@@ -97,11 +100,11 @@ def train_all(hp: train.Hparams, feats: train.Features, run: runtime.Run | None 
     tree = {**tree, **{k: np.array(tree[k]) for k in host}} if start else None
   if tree is None:
     tree = {'state': init(hp_x), 'pca': dict(fit(hp_x, feats_j, sp.train)._asdict()), **host}
-  pcas = train.pca_lib.PCA(**tree['pca'])
-  data = jax.jit(train.project, out_shardings=per_run)(feats_j, pcas, sp)
-  base = jax.jit(train.baselines, out_shardings=per_run)(feats_j, data, sp.test)
-  evr = jax.jit(train.explained_variance, static_argnums=0, out_shardings=per_run)(hp_x, feats_j, pcas, sp.train)
-  chunk = train.chunk_program(out_shardings=per_run)
+  pcas = adaptation_runs.pca_lib.PCA(**tree['pca'])
+  data = jax.jit(adaptation_runs.project, out_shardings=per_run)(feats_j, pcas, sp)
+  base = jax.jit(adaptation_runs.baselines, out_shardings=per_run)(feats_j, data, sp.test)
+  evr = jax.jit(adaptation_runs.explained_variance, static_argnums=0, out_shardings=per_run)(hp_x, feats_j, pcas, sp.train)
+  chunk = adaptation_runs.chunk_program(out_shardings=per_run)
 
   def chunk_fn(tree, e0, n):
     state, o = chunk(hp_x, tree['state'], data, n)
@@ -110,10 +113,10 @@ def train_all(hp: train.Hparams, feats: train.Features, run: runtime.Run | None 
     tree['loss'][:, :, e0:e0 + n], tree['ranks'][:, :, e0:e0 + n] = l, r
     if o.val_ranks is not None:
       tree['val_ranks'][:, :, e0:e0 + n] = sharding.to_host(o.val_ranks)
-    aR = train.recall_from_ranks(r[:runs], ks).mean(0)             # (S, n, K)
+    aR = adaptation_runs.recall_from_ranks(r[:runs], ks).mean(0)             # (S, n, K)
     scalars = {}
     for s, sigma in enumerate(hp.sigmas):
-      tag = '' if len(hp.sigmas) == 1 else f'/{train.sigma_key(sigma)}'
+      tag = '' if len(hp.sigmas) == 1 else f'/{adaptation_runs.sigma_key(sigma)}'
       scalars[f'train/loss_mean{tag}'] = l[:runs, s].mean(0)
       scalars.update({f'test/aR_at_{k}_mean{tag}': aR[s, :, j] for j, k in enumerate(ks)})
     return {**tree, 'state': state}, scalars
@@ -127,27 +130,27 @@ def train_all(hp: train.Hparams, feats: train.Features, run: runtime.Run | None 
           'pcas': to_host(pcas), 'test_idx': to_host(sp.test), 'val_idx': None if sp.val is None else to_host(sp.val)}
 
 
-def fingerprint(hp: train.Hparams, feats: train.Features) -> runtime.Fingerprint:
+def fingerprint(hp: adaptation_runs.Hparams, feats: adaptation_runs.Features) -> runtime.Fingerprint:
   """What a run's results depend on: the training fields and the feature arrays (the data)."""
   fields = {('train_dtype' if k == 'dtype' else k): v for k, v in hp.__dict__.items()}
   return runtime.fingerprint(fields, feats)
 
 
 def run(config, workdir: str, progress: bool = True) -> dict:
-  config = features_lib.select_source(config)
+  config = config_fields.select_source(config)
   validate_config(config)
   hp = hparams_from_config(config)
   ks = [int(k) for k in config.ks]
   t0, c0 = time.time(), compile_cache.clock().snapshot()
   feats, names, paths, desc = load_features(config, hp, ks, progress)
-  recorded = features_lib.recorded_config(config, uses_backbone=config.dataset != 'features')
+  recorded = config_fields.recorded_config(config, uses_backbone=config.dataset != 'features')
   with runtime.Run(workdir, recorded, fingerprint(hp, feats), config.checkpoint, progress) as rt:
     t1, c1 = time.time(), compile_cache.clock().snapshot()
     runtime.say(f'training {hp.runs} runs x {hp.epochs} epochs on {len(names)} pairs '
                 f'({feats.left.shape[1]}-d features{", + flip view" if feats.left_flip is not None else ""})')
     out = train_all(hp, feats, rt, config.checkpoint_every, progress, ks=ks)
     t2, c2 = time.time(), compile_cache.since(c1)
-    summary = train.summarise(hp, out, ks)
+    summary = adaptation_runs.summarise(hp, out, ks)
     n = len(names)
     metrics = rt.write_metrics({
         'experiment': 'adapt', 'dataset': config.dataset, **desc,
@@ -158,8 +161,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                 'fit_description': ('each run fit on the left + right vectors of the pairs it trains on'
                                     if hp.pca_fit == 'train' else 'one fit on every vector the reference fits on: '
                                     'left, right and mirrored views of all pairs, test included'),
-                'explained_variance': train.stats(out['explained_variance'])},
-        'epoch_rule': train.describe_epoch_rules(hp, n, ks[0]),
+                'explained_variance': adaptation_runs.stats(out['explained_variance'])},
+        'epoch_rule': adaptation_runs.describe_epoch_rules(hp, n, ks[0]),
         'epochs_selected': summary['epochs'],
         'results': {f'aR@{k}': {**summary['baselines'][f'aR@{k}'],
                                 **{key: v[f'aR@{k}'] for key, v in summary['adapted'].items()}} for k in ks},
@@ -177,15 +180,16 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
 def write_outputs(config, rt, out, summary, feats, names, paths, desc, metrics) -> None:
   """adapter.npz (the last sigma), curves.npz and the figures (per sigma; process 0)."""
-  from visim_jax import export, report
+  from visim_jax.training import adapter_file
+  from visim_jax.core import report
   if not report.is_writer():
     return
   sigmas = metrics['sigmas']
-  last = train.select_sigma(out, len(sigmas) - 1)
-  meta = {k: desc.get(k) for k in export.META_KEYS}
+  last = adaptation_runs.select_sigma(out, len(sigmas) - 1)
+  meta = {k: desc.get(k) for k in adapter_file.META_KEYS}
   meta['source'] = {'workdir': rt.workdir, 'dataset': config.dataset, 'run': 0, 'epoch': metrics['epochs'],
                     'sigma': sigmas[-1], 'note': exported_note(metrics)}
-  export.save_adapter(rt.path('adapter.npz'), **export.run_arrays(last, 0), meta=meta)
+  adapter_file.save_adapter(rt.path('adapter.npz'), **adapter_file.run_arrays(last, 0), meta=meta)
   val = {} if summary['val_curves'] is None else {'val_aR': summary['val_curves']}
   runtime.write_npz(rt.path('curves.npz'), loss=out['loss'], aR=summary['curves'], **val, sigmas=np.asarray(sigmas),
                     ks=np.asarray(metrics['ks']))
@@ -199,7 +203,7 @@ def write_outputs(config, rt, out, summary, feats, names, paths, desc, metrics) 
 
 def exported_note(metrics) -> str:
   """What adapter.npz and the retrieval sheet hold, against the epoch the headline reports."""
-  key = train.sigma_key(metrics['sigmas'][-1])
+  key = adaptation_runs.sigma_key(metrics['sigmas'][-1])
   rule = metrics['epoch_rule']['primary']
   head = metrics['epochs_selected'][key][rule]
   return (f'run 0, {key}, last epoch ({metrics["epochs"]})' +
@@ -207,7 +211,7 @@ def exported_note(metrics) -> str:
 
 
 def print_table(hp, ks, metrics, workdir) -> None:
-  from visim_jax import report
+  from visim_jax.core import report
   rule = metrics['epoch_rule']['primary']
   runtime.say(f'\n{hp.runs} runs, {metrics["n_fit"]}/{metrics["n_val"]}/{metrics["n_test"]} train/val/test pairs, '
               f'PCA fit on {hp.pca_fit} (variance kept {metrics["pca"]["explained_variance"]["mean"]:.4f}), '

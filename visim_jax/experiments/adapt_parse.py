@@ -2,16 +2,18 @@
 feature size and memory allow (check_sizes, check_memory), all before any feature is extracted."""
 from __future__ import annotations
 
-from visim_jax import checks, memory, train
-from visim_jax import features as features_lib
-from visim_jax.errors import UserError
+from visim_jax.experiments import checks
+from visim_jax.core import memory
+from visim_jax.training import adaptation_runs
+from visim_jax.core.errors import UserError
+from visim_jax.experiments import config_fields
 
 DATASETS = ('tll', 'demo', 'features')
 DATA_PATHS = {'tll': (('data_dir', 'dir'), ('subset', 'file')), 'demo': (), 'features': (('features', 'file'),)}
 
 
-def hparams_from_config(config) -> train.Hparams:
-  return train.Hparams(runs=config.runs, train_fraction=config.train_fraction, select_epoch=config.select_epoch,
+def hparams_from_config(config) -> adaptation_runs.Hparams:
+  return adaptation_runs.Hparams(runs=config.runs, train_fraction=config.train_fraction, select_epoch=config.select_epoch,
                        val_fraction=config.val_fraction, min_val_pairs=config.min_val_pairs, pca_dim=config.pca_dim, pca_fit=config.pca_fit,
                        pca_whiten=config.pca_whiten, adapt_dim=config.adapt_dim,
                        sigmas=tuple(float(s) for s in config.sigmas), lr=config.lr, epochs=config.epochs,
@@ -19,17 +21,17 @@ def hparams_from_config(config) -> train.Hparams:
 
 
 def validate_config(config) -> None:
-  """Checks every field the experiment reads, types and ranges (visim_jax/checks.py); raises naming the field.
+  """Checks every field the experiment reads, types and ranges (visim_jax/core/checks.py); raises naming the field.
   main.py calls it before the workdir is touched; sizes that need the data are checked by check_sizes."""
-  config = features_lib.select_source(config)
+  config = config_fields.select_source(config)
   checks.choice(config, 'dataset', DATASETS)
   checks.integer(config, 'runs', 1, 100_000)
   checks.fraction(config, 'train_fraction')
   checks.integer(config, 'pca_dim', 1, 2**20)
-  checks.choice(config, 'pca_fit', train.PCA_FIT)
+  checks.choice(config, 'pca_fit', adaptation_runs.PCA_FIT)
   checks.integer(config, 'adapt_dim', 1, 2**24)
   checks.numbers(config, 'sigmas', 0, lo_open=True, distinct=True, example='(15,) or (1, 15)')
-  checks.choice(config, 'select_epoch', train.SELECT_EPOCH)
+  checks.choice(config, 'select_epoch', adaptation_runs.SELECT_EPOCH)
   checks.fraction(config, 'val_fraction')
   checks.integer(config, 'min_val_pairs', 0, 10**6)
   checks.number(config, 'lr', 0, lo_open=True)
@@ -41,7 +43,7 @@ def validate_config(config) -> None:
   checks.integer(config, 'sheet_queries', 0, 1000)
   for f in ('flip', 'pca_whiten', 'checkpoint', 'plots'):
     checks.flag(config, f)
-  features_lib.options(config)  # the backbone fields parsed (checked) once here too
+  config_fields.options(config)  # the backbone fields parsed (checked) once here too
   if 'demo' in config:
     checks.integer(config, 'demo.n_pairs', 8, 100_000)
     checks.seed(config, 'demo.seed')
@@ -53,7 +55,7 @@ def validate_config(config) -> None:
   checks.data_source(config, DATA_PATHS)
 
 
-def check_sizes(hp: train.Hparams, n: int, dim: int, ks) -> None:
+def check_sizes(hp: adaptation_runs.Hparams, n: int, dim: int, ks) -> None:
   """What the pair count and feature size allow (run before feature extraction when they are known)."""
   n_train, n_fit, n_val = hp.n_train(n), hp.n_fit(n), hp.n_val(n)
   n_test = n - n_train
@@ -75,7 +77,7 @@ def check_sizes(hp: train.Hparams, n: int, dim: int, ks) -> None:
   check_memory(hp, n, dim)
 
 
-def memory_bytes(hp: train.Hparams, n: int, dim: int, views: int = 2) -> dict[str, int]:
+def memory_bytes(hp: adaptation_runs.Hparams, n: int, dim: int, views: int = 2) -> dict[str, int]:
   """What the training program must hold at once (bytes; a lower bound: XLA's temporaries come on top), per
   config field it grows with. Every run at every sigma is one vmapped program, so each term is R x S times:
   the parameters with Adam's two moments and the gradient, the full-batch step's activations (views x (left,
@@ -92,10 +94,10 @@ def memory_bytes(hp: train.Hparams, n: int, dim: int, views: int = 2) -> dict[st
           'features': 2 * views * n * dim * f32}
 
 
-def check_memory(hp: train.Hparams, n: int, dim: int) -> None:
+def check_memory(hp: adaptation_runs.Hparams, n: int, dim: int) -> None:
   """Refuses (nothing run) a config whose training memory (memory_bytes, a lower bound) exceeds 90% of the
   device's (or the host's, on CPU) memory, naming the field furthest above its usual value (Hparams defaults)."""
-  usual = train.Hparams()
+  usual = adaptation_runs.Hparams()
   growth = {'runs': hp.runs / usual.runs, 'epochs': hp.epochs / usual.epochs, 'adapt_dim': hp.adapt_dim /
             usual.adapt_dim, 'sigmas': len(hp.sigmas) / 2}
   fields = [f'config.{f}' for f in sorted(growth, key=growth.get, reverse=True)]

@@ -3,7 +3,7 @@
   python -m visim_jax.main --config=configs/benchmark.py --workdir=W \
       --config.models=cosine:dinov2_b14,lpips:alex,adapter:workdirs/tll --config.nights_dir=... --config.bapps_dir=...
 
-Models: visim_jax/similarity.py (the spec grammar). Protocols and their scores: experiments/benchmark_tasks.py.
+Models: visim_jax/zoo/similarity.py (the spec grammar). Protocols and their scores: experiments/benchmark_tasks.py.
 For each (model, protocol) the scores are written to W/records/<model>/<protocol>.json with the runtime's
 fingerprint of what they depend on (the model's weights / files, the protocol's options, the image file list
 and the judgements); a rerun reads back every record whose fingerprint matches and computes only the others, so
@@ -12,7 +12,7 @@ Features are computed once per (model's features, image set): pooled backbone fe
 on-disk cache (shared by cosine:, adapter:, simnet: and context: models of the same backbone), LPIPS reads the
 images in batches. Outputs: leaderboard.json (results[model][protocol][subset] = {score, ci_low, ci_high, n}),
 leaderboard.md / .csv (models x protocols, the best of each column marked, published numbers beside ours,
-visim_jax/leaderboard.py), plots/leaderboard.png (rank heatmap), config.json; the table is printed at the end.
+visim_jax/metrics/leaderboard.py), plots/leaderboard.png (rank heatmap), config.json; the table is printed at the end.
 """
 from __future__ import annotations
 
@@ -24,10 +24,15 @@ import time
 
 from tqdm.auto import tqdm
 
-from visim_jax import checks, decode_pass, leaderboard, ops, report, runtime
-from visim_jax import workdir as workdir_lib
-from visim_jax import similarity as sim_lib
-from visim_jax.errors import UserError
+from visim_jax.experiments import checks
+from visim_jax.core import ops, report
+from visim_jax.backbones import decode_pass
+from visim_jax.metrics import leaderboard
+from visim_jax.training import runtime
+from visim_jax.training import workdir as workdir_lib
+from visim_jax.zoo import similarity as sim_lib
+from visim_jax.zoo import interface
+from visim_jax.core.errors import UserError
 from visim_jax.experiments import benchmark_tasks as tasks_lib
 from visim_jax.metrics import degenerate
 
@@ -37,12 +42,12 @@ DATA_FIELDS = ('nights_dir', 'bapps_dir', 'things_dir', 'tll_dir', 'cosis_dir', 
 
 
 def validate_config(config) -> list[str]:
-  """The model specs (form checked, nothing loaded); every field's type and range checked (visim_jax/checks.py),
+  """The model specs (form checked, nothing loaded); every field's type and range checked (visim_jax/core/checks.py),
   naming it."""
   for f in ('models', 'nights_splits', 'bapps_sets', 'bapps_jnd_sets', 'things_triplets', 'things_names',
             'tll_subset', 'cosis_image_dir', 'cache_dir', 'demo.root') + DATA_FIELDS:
     checks.text(config, f)
-  specs = sim_lib.split_specs(config.models)
+  specs = interface.split_specs(config.models)
   checks.integer(config, 'n_boot', 0, 100_000, note=' (0: no intervals)')
   checks.fraction(config, 'ci_level')
   degenerate.check_n_boot(config.n_boot, 'config.n_boot', 1 - config.ci_level)
@@ -94,21 +99,21 @@ def finished(path: str, fp: runtime.Fingerprint) -> dict | None:
 
 
 def fingerprint(sim, protocol: str, tasks, config) -> runtime.Fingerprint:
-  from visim_jax import features
-  fields = {'model': sim.spec, 'identity': sim.identity, 'protocol': protocol,
-            'subsets': [t.subset for t in tasks], **{f: config[f] for f in SCORE_FIELDS},
-            'image_lists': [features.file_list_hash(t.paths) for t in tasks]}
+  from visim_jax.backbones import features
+  recorded = {'model': sim.spec, 'identity': sim.identity, 'protocol': protocol,
+              'subsets': [t.subset for t in tasks], **{f: config[f] for f in SCORE_FIELDS},
+              'image_lists': [features.file_list_hash(t.paths) for t in tasks]}
   if sim.preprocess is None:
-    fields['lpips_size'] = config.lpips_size
-  fields.update({f: config[f] for f in PROTOCOL_FIELDS.get(protocol, ())})
-  return runtime.fingerprint(fields, [a for t in tasks for a in t.arrays])
+    recorded['lpips_size'] = config.lpips_size
+  recorded.update({f: config[f] for f in PROTOCOL_FIELDS.get(protocol, ())})
+  return runtime.fingerprint(recorded, [a for t in tasks for a in t.arrays])
 
 
 def with_demo(config):
   """dataset='demo': the mini human-judgement folders (written once) for every protocol folder left empty."""
   if config.dataset != 'demo':
     return config
-  from visim_jax import features
+  from visim_jax.backbones import features
   from visim_jax.data import human_demo
   d = human_demo.demo_sets(config.demo.root or None, config.demo.seed, features.cache_dir(config.cache_dir))
   runtime.say(human_demo.DEMO_NOTE)
@@ -129,8 +134,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   specs = validate_config(config)
   t0 = time.time()
   protocols = tasks_lib.protocols(config)           # every file checked, nothing decoded
-  from visim_jax import features
-  opts = sim_lib.Options(features.check_cache_dir(config.cache_dir), config.image_batch_size, config.dtype, progress)
+  from visim_jax.backbones import features
+  opts = interface.Options(features.check_cache_dir(config.cache_dir), config.image_batch_size, config.dtype, progress)
   models = {s: sim_lib.build(s, opts) for s in specs}   # weights and files read now: a bad entry fails here
   ops.check_writable_dir(workdir, 'workdir')
   decode_pass.check([p for ts in protocols.values() for t in ts for p in t.paths], opts.cache_dir)

@@ -2,7 +2,7 @@
 
 A protocol (a leaderboard column group) is a list of `Task`s, one per image set (a BAPPS set, a NIGHTS split...).
 Each task lists its images once (every image is described once per model, its triplets index the rows) and
-scores a model from its distances (visim_jax/similarity.py) with the scores of visim_jax/metrics/human.py (NIGHTS,
+scores a model from its distances (visim_jax/zoo/similarity.py) with the scores of visim_jax/metrics/human.py (NIGHTS,
 BAPPS, THINGS), metrics/retrieval.py (TLL aR@k) and metrics/twoafc.py (CoSIS 2AFC), each with a bootstrap
 interval. Loaders are the package's (data/nights.py, bapps.py, things.py, pairs.py, triplets.py): every file is
 checked before any image is decoded.
@@ -27,9 +27,10 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import similarity as sim_lib
-from visim_jax.errors import UserError
-from visim_jax.preprocess import Preprocess
+
+from visim_jax.zoo import scoring
+from visim_jax.core.errors import UserError
+from visim_jax.data.preprocess import Preprocess
 
 PROTOCOLS = ('nights', 'bapps_2afc', 'bapps_jnd', 'things', 'tll', 'cosis', 'classes')
 
@@ -59,7 +60,7 @@ def _index(paths):
 
 
 def _pairs(sim, feats, i, j, opts: ScoreOptions, desc: str) -> np.ndarray:
-  return sim_lib.pair_distances(sim, feats, i, feats, j, opts.pair_batch, opts.progress and sim.kind == 'lpips', desc)
+  return scoring.pair_distances(sim, feats, i, feats, j, opts.pair_batch, opts.progress and sim.kind == 'lpips', desc)
 
 
 def _ci(opts: ScoreOptions) -> dict:
@@ -111,9 +112,9 @@ def tll_task(pairs) -> Task:
 
   def score(sim, feats, opts):
     from visim_jax.metrics import retrieval
-    left = sim_lib.take_rows(feats, np.arange(n))
-    right = sim_lib.take_rows(feats, np.arange(n, 2 * n))
-    return retrieval.asymmetric_recall_intervals(-sim_lib.distance_matrix(sim, left, right), opts.ks, **_ci(opts))
+    left = scoring.take_rows(feats, np.arange(n))
+    right = scoring.take_rows(feats, np.arange(n, 2 * n))
+    return retrieval.asymmetric_recall_intervals(-scoring.distance_matrix(sim, left, right), opts.ks, **_ci(opts))
   return Task('tll', 'aR@k', paths, [np.asarray([n])], score)
 
 
@@ -139,7 +140,7 @@ def classes_task(data) -> Task:
 
   def score(sim, feats, opts):
     from visim_jax.metrics import map as map_lib
-    s = -sim_lib.distance_matrix(sim, feats, feats)
+    s = -scoring.distance_matrix(sim, feats, feats)
     return {'mAP': map_lib.leave_one_out_interval(s, labels, opts.ks, **_ci(opts))}
   return Task('classes', 'mAP', list(data.paths), [labels], score)
 
@@ -189,13 +190,13 @@ def protocols(config) -> dict[str, list[Task]]:
       raise UserError(f'config.tll_dir: {len(p)} pairs, fewer than max(config.ks) + 1')
     out['tll'] = [tll_task(p)]
   if config.cosis_dir:
-    from visim_jax.data import triplets as tdata
+    from visim_jax.data import cosis
     if not config.cosis_image_dir:
       raise UserError('config.cosis_image_dir: the CoSIS protocol needs the BG-20k images (train/ and testval/)')
-    sets = tdata.load_cosis_sets(config.cosis_dir)
+    sets = cosis.load_cosis_sets(config.cosis_dir)
     chosen = [sets[n] for n in ('mulref_val', 'mulref_test')]
-    names = tdata.read_filename_dict(os.path.join(config.cosis_dir, 'filename_dict.txt'))
-    paths_of = tdata.resolve_images(chosen, names, config.cosis_image_dir)
+    names = cosis.read_filename_dict(os.path.join(config.cosis_dir, 'filename_dict.txt'))
+    paths_of = cosis.resolve_images(chosen, names, config.cosis_image_dir)
     out['cosis'] = [cosis_task(n, t, paths_of) for n, t in zip(('mulref_val', 'mulref_test'), chosen)]
   if config.classes_dir:
     from visim_jax.data import classes as classes_lib

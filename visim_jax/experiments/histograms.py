@@ -1,7 +1,7 @@
 """Histogram metrics of a representation (paper 003, Wu et al.): config -> labelled data -> features -> metrics.
 
 Wiring only. Data: visim_jax.data.classes (demo | folder | tfds | features file); image features through
-visim_jax.features (cache, batching, sharding); math: visim_jax.metrics.{histograms, knn, tree}; figures:
+visim_jax.backbones.features (cache, batching, sharding); math: visim_jax.metrics.{histograms, knn, tree}; figures:
 visim_jax.plots.histograms. Outputs (schema in docs/histograms.md): config.json, metrics.json, classes.csv,
 histograms.npz, plots/, and with a class tree nodes.csv + levels.csv (the paper's Tables 1 and 8 per level).
 """
@@ -17,14 +17,16 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from visim_jax import features as features_lib
-from visim_jax import ops, report, runtime
+from visim_jax.backbones import features as features_lib
+from visim_jax.core import ops, report
+from visim_jax.training import runtime
 from visim_jax.data import classes as classes_lib
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 from visim_jax.experiments.histograms_parse import validate_config  # noqa: F401 (the gate)
 from visim_jax.metrics import histograms as H
 from visim_jax.metrics import knn as knn_lib
 from visim_jax.metrics import tree as tree_lib
+from visim_jax.experiments import config_fields
 
 SCALARS = H.SCALARS
 NODE_KEYS = ('node', 'level', 'clusters', 'samples') + SCALARS
@@ -35,7 +37,7 @@ def load_data(config, progress: bool = True):
   if config.dataset == 'features':
     feats, labels, names = classes_lib.load_feature_file(config.features)
     return feats, labels, names, {'features': os.path.abspath(config.features)}
-  fo = features_lib.options(config)
+  fo = config_fields.options(config)
   backbone, layers = features_lib.build(fo)
   desc = features_lib.describe(backbone, layers)
   if config.dataset == 'tfds':
@@ -112,7 +114,7 @@ def write_outputs(workdir, config, m, names, knn_pc, node_rows, level_rows, chos
 
 
 def run(config, workdir: str, progress: bool = True) -> dict:
-  config = features_lib.select_source(config)  # --config.features=x.npz alone selects dataset=features
+  config = config_fields.select_source(config)  # --config.features=x.npz alone selects dataset=features
   opts = validate_config(config)
   tree, notes = None, []
   if config.class_tree == 'demo' and config.dataset != 'demo':
@@ -211,7 +213,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     chosen = plots.choose_classes(m, names, config.plot_classes)
 
   # ---- write (everything above has succeeded): under the workdir lock, config.json and metrics.json by the runtime
-  recorded = features_lib.recorded_config(config, uses_backbone=config.dataset != 'features')
+  recorded = config_fields.recorded_config(config, uses_backbone=config.dataset != 'features')
   with runtime.Run(workdir, recorded, runtime.fingerprint(recorded, [feats, labels]), checkpoint=False,
                    progress=progress) as rt:
     metrics['files'] = write_outputs(rt.workdir, config, m, names, knn_pc, node_rows, level_rows, chosen)

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import os
 
-from visim_jax import checks
-from visim_jax import features as features_lib
-from visim_jax.errors import UserError
+from visim_jax.experiments import checks
+from visim_jax.core.errors import UserError
 from visim_jax.metrics import histograms as H
+from visim_jax.experiments import config_fields
 
 DATASETS = ('demo', 'folder', 'tfds', 'features')
 
@@ -15,7 +15,7 @@ def validate_config(config) -> H.Options:
   def need(cond, field, msg):
     if not cond:
       raise UserError(f'config.{field}: {msg}')
-  config = features_lib.select_source(config)  # config.features alone selects dataset='features'
+  config = config_fields.select_source(config)  # config.features alone selects dataset='features'
   need(config.dataset in DATASETS, 'dataset', f'one of {DATASETS}, got {config.dataset!r}')
   need(config.normalization in H.NORMALIZATIONS, 'normalization', f'one of {H.NORMALIZATIONS}')
   need(config.normalization != 'source' or config.source_stats, 'source_stats',
@@ -46,7 +46,7 @@ def validate_config(config) -> H.Options:
   checks.integer(config, 'tree_min_children', 2, 10**6)
   checks.integer(config, 'tfds.max_examples', 0, note=' (0: the whole split)')
   checks.seed(config)
-  features_lib.options(config)  # the backbone fields parsed (checked) once here too
+  config_fields.options(config)  # the backbone fields parsed (checked) once here too
   checks.integer(config, 'demo.n_pairs', 8, 100_000)
   checks.seed(config, 'demo.seed')
   for f in ('shard', 'plots'):

@@ -4,8 +4,8 @@ Sources (config.source):
   'demo' / 'folder'  a teacher from the zoo (config.teacher.backbone) labels triplets over an image set (the
                      embedded demo photos of data/demo.py, or config.image_dir): k-means clusters of the teacher's
                      features, within / between / border sampling, soft labels = the teacher's pair similarities
-                     (teacher_triplets.py); the index files are written to <workdir>/triplets_{train,val}.npz.
-  'files'            index files written before (config.train_file, config.val_file; triplet_stream.py format) over
+                     (data/teacher_labels.py); the index files are written to <workdir>/triplets_{train,val}.npz.
+  'files'            index files written before (config.train_file, config.val_file; data/triplet_index.py format) over
                      image paths.
   'synthetic'        random student features and a teacher that sees them through weighted random directions
                      (tests, :local, scale runs).
@@ -15,7 +15,7 @@ Sources (config.source):
                      and val splits: loss 'hinge' (DreamSim).
 The student's features (config.backbone) of every image are computed once through the feature cache; the head
 (config.head) trains with the loss of config.loss (odd_one_out.py) on seeded shuffled batches of the train triplets,
-the batch axis split over every device of every host (triplet_training.py); chunks of config.eval_every steps go
+the batch axis split over every device of every host (training/head_step.py); chunks of config.eval_every steps go
 through runtime.Run (lock, fingerprint, Orbax on every process, resume), each followed by the held-out accuracy.
 
 Outputs in the workdir: config.json, fingerprint.json, metrics.json (held-out odd-one-out accuracy and loss of the
@@ -27,25 +27,26 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import checks, heads, report, runtime, sharding
-from visim_jax import features as features_lib
-from visim_jax import triplet_stream
-from visim_jax import triplet_training as tt
+from visim_jax.experiments import checks
+from visim_jax.core import report, sharding
+from visim_jax.models import heads
+from visim_jax.training import head_file, runtime
+from visim_jax.data import triplet_index
+from visim_jax.training import head_step
 from visim_jax.experiments.learn_triplets_data import load_data  # noqa: F401
+from visim_jax.experiments import config_fields
 from visim_jax.experiments.learn_triplets_parse import (  # noqa: F401 (the gate)
     LOSS_FOR_TARGET, SOURCES, hparams_from_config, validate_config)
 
 # --------------------------------------------------------------------------------------------- run
 
-def fingerprint(hp: tt.Hparams, eval_every: int, x, train, val) -> runtime.Fingerprint:
+def fingerprint(hp: head_step.Hparams, eval_every: int, x, train, val) -> runtime.Fingerprint:
   """The training fields, the evaluation period (it shapes the checkpointed curves) and the data."""
   return runtime.fingerprint({**dataclasses.asdict(hp), 'eval_every': eval_every},
                              [x, train.triplets, train.target, val.triplets, val.target])
@@ -53,8 +54,8 @@ def fingerprint(hp: tt.Hparams, eval_every: int, x, train, val) -> runtime.Finge
 
 @functools.lru_cache(maxsize=8)
 def _init_program(rep):
-  """tt.init_state jitted with replicated outputs (one per sharding: a resumed run in one process reuses it)."""
-  return jax.jit(tt.init_state, static_argnums=(0, 1), out_shardings=rep)
+  """head_step.init_state jitted with replicated outputs (one per sharding: a resumed run in one process reuses it)."""
+  return jax.jit(head_step.init_state, static_argnums=(0, 1), out_shardings=rep)
 
 
 def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
@@ -78,38 +79,38 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   if hp.batch_size % n_dev:
     raise checks.fail('batch_size', f'must be a multiple of the {n_dev} devices (the batch axis is split over '
                       f'them); use {sharding.padded(hp.batch_size, mesh)}', hp.batch_size)
-  from visim_jax.metrics.blocked_histograms import memory_limit_bytes
+  from visim_jax.core import memory
   emb = heads.out_dim(hp.head, x.shape[1], hp.size)
-  parts = triplet_stream.memory_bytes(len(train), len(val), len(x), x.shape[1], emb, hp.batch_size,
+  parts = triplet_index.memory_bytes(len(train), len(val), len(x), x.shape[1], emb, hp.batch_size,
                                       config.eval_every, 3 if train.target.ndim == 2 else 1, n_dev)
-  triplet_stream.check_memory(parts, memory_limit_bytes(), triplet_stream.host_memory_bytes())
+  triplet_index.check_memory(parts, memory.limit_bytes(), triplet_index.host_memory_bytes())
   runtime.say(f'{len(train):,} train / {len(val):,} held-out triplets ({train.target_kind}), {len(x):,} images x '
               f'{x.shape[1]} features; head {hp.head}, loss {hp.loss}, batch {hp.batch_size} over {n_dev} device(s); '
               f'memory estimate host {parts["host"] / 2**20:,.1f} MiB, device {parts["device"] / 2**20:,.1f} MiB')
 
   rep = sharding.replicated(mesh)
-  data = tt.Data(*(sharding.to_global(a, rep) for a in (x, train.triplets, train.target)))
+  data = head_step.Data(*(sharding.to_global(a, rep) for a in (x, train.triplets, train.target)))
   val_j = tuple(sharding.to_global(a, rep) for a in (val.triplets, val.target))
-  program = tt.chunk_program(hp, mesh)
-  stream = triplet_stream.Stream(len(train), hp.batch_size, hp.seed)
+  program = head_step.chunk_program(hp, mesh)
+  stream = triplet_index.Stream(len(train), hp.batch_size, hp.seed)
   n_evals = -(-hp.steps // config.eval_every)
-  evaluate = lambda head, params: {k: float(v) for k, v in tt.evaluate(hp, head, params, data.feats, *val_j).items()}
+  evaluate = lambda head, params: {k: float(v) for k, v in head_step.evaluate(hp, head, params, data.feats, *val_j).items()}
   init = _init_program(rep)
   frozen, untrained = evaluate('identity', {}), evaluate(hp.head, init(hp, x.shape[1]).params)
   host = lambda: {'loss': np.zeros(hp.steps, np.float32), 'val_accuracy': np.zeros(n_evals, np.float32),
                   'val_loss': np.zeros(n_evals, np.float32), 'val_step': np.zeros(n_evals, np.int32)}
   fp = fingerprint(hp, config.eval_every, x, train, val)
-  recorded = features_lib.recorded_config(config, uses_backbone=config.source != 'synthetic')
+  recorded = config_fields.recorded_config(config, uses_backbone=config.source != 'synthetic')
   with runtime.Run(workdir, recorded, fp, config.checkpoint, progress, desc='train (steps)') as rt:
     t1 = time.time()
     template = {'state': jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep),
-                                      jax.eval_shape(lambda: tt.init_state(hp, x.shape[1]))), **host()}
+                                      jax.eval_shape(lambda: head_step.init_state(hp, x.shape[1]))), **host()}
     tree, start = rt.restore(template) if config.checkpoint else (template, 0)
     if start:
       tree = {**tree, **{k: np.array(tree[k]) for k in host()}}
     else:
       tree = {'state': init(hp, x.shape[1]), **host()}
-    rows_sh = tt.rows_sharding(mesh)
+    rows_sh = head_step.rows_sharding(mesh)
 
     def chunk_fn(tree, s0, n):
       rows = sharding.to_global(stream.rows(s0, n), rows_sh)
@@ -136,37 +137,12 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
     metrics = rt.write_metrics({**metrics, 'config': recorded})
     if report.is_writer():
       runtime.write_npz(rt.path('curves.npz'), **{k: tree[k] for k in host()})
-      save_head(rt.path('head.npz'), hp, params, desc, rt.workdir)
+      head_file.save_head(rt.path('head.npz'), hp, params, desc, rt.workdir)
       if config.plots:
         from visim_jax.plots import learn_triplets as plots
         plots.curves(tree, frozen, untrained, hp, rt.path('curves.png'))
   _print(metrics, workdir)
   return metrics
-
-
-def save_head(path: str, hp: tt.Hparams, params: dict, desc: dict, workdir: str) -> None:
-  """head.npz: the parameters as 'params/<path>' arrays and a JSON meta (head, similarity, backbone...)."""
-  flat = {'params/' + '/'.join(str(getattr(k, 'key', k)) for k in kp): np.asarray(v)
-          for kp, v in jax.tree_util.tree_flatten_with_path(params)[0]}
-  meta = {**{k: desc.get(k) for k in ('backbone', 'weights_sha256', 'layers', 'image_size', 'preprocessing')},
-          'head': hp.head, 'size': hp.size, 'similarity': hp.similarity, 'workdir': workdir,
-          'experiment': 'learn_triplets'}
-  runtime.write_npz(path, **flat, meta=np.asarray(json.dumps(meta, sort_keys=True)))
-
-
-def load_head(path: str) -> tuple[dict, dict]:
-  """(params, meta) of a head.npz."""
-  with np.load(path, allow_pickle=False) as z:
-    meta = json.loads(str(z['meta']))
-    params: dict = {}
-    for k in z.files:
-      if k.startswith('params/'):
-        node = params
-        *parents, leaf = k[len('params/'):].split('/')
-        for p in parents:
-          node = node.setdefault(p, {})
-        node[leaf] = jnp.asarray(z[k])
-  return params, meta
 
 
 def _print(m: dict, workdir: str) -> None:

@@ -6,9 +6,12 @@ import os
 
 import numpy as np
 
-from visim_jax import ops, report, runtime, teacher_triplets, triplet_stream
-from visim_jax import features as features_lib
-from visim_jax.errors import UserError
+from visim_jax.core import ops, report
+from visim_jax.training import runtime
+from visim_jax.data import teacher_labels, triplet_index
+from visim_jax.backbones import features as features_lib
+from visim_jax.core.errors import UserError
+from visim_jax.experiments import config_fields
 
 def _synthetic(config):
   """(student feats (M, D), teacher feats (M, Dt), names): x ~ N(0, I) unit rows; the teacher sees x through
@@ -40,7 +43,7 @@ def _teacher_features(config, paths, progress) -> tuple[np.ndarray, dict]:
   with c.unlocked():
     c.backbone, c.layers = t.backbone, t.layers
     c.backbone_kwargs.weights, c.backbone_kwargs.random_init = '', -1
-  fo = features_lib.options(c)
+  fo = config_fields.options(c)
   backbone, layers = features_lib.build(fo)
   feats = features_lib.features_of(fo, backbone, layers, paths, tag='teacher', progress=progress)
   return np.asarray(feats, np.float32), features_lib.describe(backbone, layers)
@@ -56,14 +59,14 @@ def load_data(config, workdir: str, progress: bool = True):
     x, t, names = _synthetic(config)
     train, val = _generate(t, names, gen, {'teacher': 'synthetic'})
     return x, train, val, {'backbone': None, 'source': 'synthetic'}
-  fo = features_lib.options(config)
+  fo = config_fields.options(config)
   backbone, layers = features_lib.build(fo)
   if config.source in ('things', 'nights'):
     train, val = _human(config)
     paths = train.images
   elif config.source == 'files':
-    train = triplet_stream.load(config.train_file)
-    val = triplet_stream.load(config.val_file)
+    train = triplet_index.load(config.train_file)
+    val = triplet_index.load(config.val_file)
     if train.images != val.images:
       raise UserError(f'{config.val_file}: its image list differs from {config.train_file}\'s; both index files '
                       'must index one image list')
@@ -94,7 +97,7 @@ def _write_index_files(workdir: str, train, val) -> None:
   for name, s in (('train', train), ('val', val)):
     path = os.path.join(workdir, f'triplets_{name}.npz')
     try:
-      triplet_stream.save(path, s)
+      triplet_index.save(path, s)
     except OSError as e:
       raise runtime.os_error(e, path, 'writing the triplet index file') from e
 
@@ -103,18 +106,18 @@ def _human(config):
   """(train, val) index sets of THINGS choices or NIGHTS votes (files checked by the loaders first)."""
   if config.source == 'nights':
     from visim_jax.data import nights
-    return triplet_stream.from_twoafc(nights.load(config.nights_dir, 'train', config.min_votes),
+    return triplet_index.from_twoafc(nights.load(config.nights_dir, 'train', config.min_votes),
                                       nights.load(config.nights_dir, 'val', config.min_votes))
   from visim_jax.data import things
   s = things.load(config.things_dir, config.things_file)
   try:
-    return triplet_stream.from_odd_one_out(s, float(config.triplets.val_fraction), config.seed)
+    return triplet_index.from_odd_one_out(s, float(config.triplets.val_fraction), config.seed)
   except ValueError as e:
     raise UserError(f'config.triplets.val_fraction: {e}') from None
 
 
 def _generate(teacher, names, gen: dict, meta: dict):
   try:
-    return teacher_triplets.generate(teacher, names, meta=meta, **gen)
+    return teacher_labels.generate(teacher, names, meta=meta, **gen)
   except ValueError as e:   # too few images for the split / clusters for the sampling
     raise UserError(f'config.triplets: {e}') from None

@@ -2,16 +2,19 @@
 (hparams_from_config), before anything is read or allocated."""
 from __future__ import annotations
 
-from visim_jax import checks, heads, odd_one_out, teacher_triplets
-from visim_jax import features as features_lib
-from visim_jax import triplet_training as tt
+from visim_jax.experiments import checks
+from visim_jax.models import heads
+from visim_jax.losses import odd_one_out
+from visim_jax.data import teacher_labels
+from visim_jax.training import head_step
+from visim_jax.experiments import config_fields
 
 SOURCES = ('demo', 'folder', 'files', 'synthetic', 'things', 'nights')
 LOSS_FOR_TARGET = {'similarities': ('jsd', 'kl', 'hard'), 'odd': ('hard',), 'judge': ('hinge',)}
 
 
-def hparams_from_config(config) -> tt.Hparams:
-  return tt.Hparams(head=config.head, size=config.size, loss=config.loss, similarity=config.similarity,
+def hparams_from_config(config) -> head_step.Hparams:
+  return head_step.Hparams(head=config.head, size=config.size, loss=config.loss, similarity=config.similarity,
                     tau=float(config.tau), target_tau=float(config.target_tau), margin=float(config.margin),
                     lr=float(config.lr), warmup_steps=config.warmup, schedule=config.schedule,
                     steps=config.steps, weight_decay=float(config.weight_decay), b1=float(config.b1),
@@ -35,12 +38,12 @@ def validate_config(config) -> None:
   if config.source == 'files':
     for f in ('train_file', 'val_file'):
       if not checks.text(config, f):
-        raise checks.fail(f, 'an index file (.npz, triplet_stream.py format) is required for source=files',
+        raise checks.fail(f, 'an index file (.npz, data/triplet_index.py format) is required for source=files',
                           config.get(f))
   checks.choice(config, 'head', heads.KINDS)
   checks.choice(config, 'loss', odd_one_out.LOSSES)
   checks.choice(config, 'similarity', odd_one_out.SIMILARITIES)
-  checks.choice(config, 'schedule', tt.SCHEDULES)
+  checks.choice(config, 'schedule', head_step.SCHEDULES)
   checks.choice(config, 'ties', ('lt', 'le', 'split'))
   checks.integer(config, 'size', 1, 2**16)
   checks.number(config, 'tau', 0, 1e6, lo_open=True)
@@ -69,7 +72,7 @@ def validate_config(config) -> None:
   checks.integer(config, 'triplets.n_val', 1, 10**9)
   checks.integer(config, 'triplets.clusters', 1, 10**6)
   checks.integer(config, 'triplets.kmeans_iters', 0, 10**4)
-  checks.choice(config, 'triplets.sampling', teacher_triplets.SAMPLING)
+  checks.choice(config, 'triplets.sampling', teacher_labels.SAMPLING)
   checks.fraction(config, 'triplets.val_fraction')
   checks.choice(config, 'teacher.similarity', odd_one_out.SIMILARITIES)
   checks.text(config, 'teacher.backbone')
@@ -80,4 +83,4 @@ def validate_config(config) -> None:
   checks.seed(config, 'synthetic.seed')
   checks.integer(config, 'demo.n_pairs', 8, 10**5)
   checks.seed(config, 'demo.seed')
-  features_lib.options(config)  # the backbone fields parsed (checked) once here too
+  config_fields.options(config)  # the backbone fields parsed (checked) once here too

@@ -1,14 +1,14 @@
-"""Learning from human judgements as wiring: NIGHTS -> frozen features -> S seeds (human_loss, runtime) -> report.
+"""Learning from human judgements as wiring: NIGHTS -> frozen features -> S seeds (training/human_heads.py, runtime) -> report.
 
 Data (config.dataset): 'nights' reads config.nights_dir (data.csv, ref/, distort/; data/nights.py); 'demo' the
 mini NIGHTS set of data/human_demo.py. Every image of train, val and test is embedded once through the feature
 cache (features.py). The head (config.model: 'adapter' = paper 001's W + ReLU over a PCA fit on the train
-images, 'triplet' = paper 004's embedding head) trains with DreamSim's hinge loss (human_loss.py), S seeds
+images, 'triplet' = paper 004's embedding head) trains with DreamSim's hinge loss (losses/hinge.py), S seeds
 vmapped, the epoch chosen on NIGHTS val, resumable through runtime.Run.
 Outputs in the workdir: config.json, fingerprint.json, metrics.json (NIGHTS val / test / test_imagenet /
 test_no_imagenet 2AFC scores with 95% bootstrap intervals for the frozen features, the PCA'd features and the
 trained head; per-seed test scores), curves.npz, checkpoints/, and adapter.npz (model 'adapter': the seed
-with the best val score, the export.py format, so `adapter:<workdir>` ranks it on every protocol) or
+with the best val score, the adapter.npz format of training/adapter_file.py, so `adapter:<workdir>` ranks it on every protocol) or
 triplet_head.npz (model 'triplet': w and meta).
 """
 from __future__ import annotations
@@ -22,19 +22,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import checks, export, human_loss, leaderboard, memory, ops, pca, report, runtime
-from visim_jax import features as features_lib
+from visim_jax.experiments import checks
+from visim_jax.core import memory, ops, pca, report
+from visim_jax.training import adapter_file
+from visim_jax.training import human_heads, runtime
+from visim_jax.metrics import leaderboard
+from visim_jax.backbones import features as features_lib
 from visim_jax.data import human_demo, nights
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 from visim_jax.metrics import degenerate
 from visim_jax.metrics import human as human_metrics
+from visim_jax.experiments import config_fields
 
 DATASETS = ('nights', 'demo')
 EVAL_SPLITS = ('val', 'test', 'test_imagenet', 'test_no_imagenet')
 
 
-def hparams_from_config(config) -> human_loss.Hparams:
-  return human_loss.Hparams(model=config.model, adapt_dim=config.adapt_dim, embed_dim=config.embed_dim,
+def hparams_from_config(config) -> human_heads.Hparams:
+  return human_heads.Hparams(model=config.model, adapt_dim=config.adapt_dim, embed_dim=config.embed_dim,
                             margin=config.margin, lr=config.lr, weight_decay=config.weight_decay,
                             batch_size=config.batch_size, epochs=config.epochs, seeds=config.seeds,
                             seed=config.seed, select=config.select_epoch)
@@ -45,9 +50,9 @@ def validate_config(config) -> None:
   if config.dataset == 'nights' and not config.nights_dir:
     raise checks.fail('nights_dir', 'the NIGHTS folder (data.csv, ref/, distort/) is required for dataset=nights',
                       config.nights_dir)
-  checks.choice(config, 'model', human_loss.MODELS)
-  checks.choice(config, 'select_epoch', human_loss.SELECT)
-  # types and ranges through visim_jax/checks.py (nan, inf, huge or 'abc' named, no traceback)
+  checks.choice(config, 'model', human_heads.MODELS)
+  checks.choice(config, 'select_epoch', human_heads.SELECT)
+  # types and ranges through visim_jax/core/checks.py (nan, inf, huge or 'abc' named, no traceback)
   checks.integer(config, 'seeds', 1, 10**4)
   checks.integer(config, 'epochs', 1, 10**7)
   checks.integer(config, 'batch_size', 1, 2**20)
@@ -62,7 +67,7 @@ def validate_config(config) -> None:
   degenerate.check_n_boot(config.n_boot, 'config.n_boot')
   checks.seed(config)
   checks.seed(config, 'demo.seed')
-  features_lib.options(config)  # the backbone fields parsed (checked) once here too
+  config_fields.options(config)  # the backbone fields parsed (checked) once here too
   checks.data_source(config, {'nights': (('nights_dir', 'dir'),), 'demo': ()})
 
 
@@ -83,7 +88,7 @@ def _pca(feats, rows, dim: int):
   return p, pca.transform(p, feats)
 
 
-def memory_bytes(hp: human_loss.Hparams, n_images: int, feat_dim: int, pca_dim: int) -> dict[str, int]:
+def memory_bytes(hp: human_heads.Hparams, n_images: int, feat_dim: int, pca_dim: int) -> dict[str, int]:
   """What training holds at once (bytes, a lower bound), per part: every seed's parameters with Adam's two moments,
   the gradient and the best copy; every seed embeds every image per step (forward, gradient, normalised copy);
   the host-side epoch logs (4 per seed and epoch, with their checkpoint copy); the features (and their PCA)."""
@@ -92,11 +97,11 @@ def memory_bytes(hp: human_loss.Hparams, n_images: int, feat_dim: int, pca_dim: 
   out = hp.adapt_dim if hp.model == 'adapter' else hp.embed_dim
   return {'parameters': 5 * hp.seeds * (in_dim + 1) * out * f32,
           'activations': 3 * hp.seeds * n_images * out * f32,
-          'epoch logs': 2 * len(human_loss.EpochLog._fields) * hp.seeds * hp.epochs * f32,
+          'epoch logs': 2 * len(human_heads.EpochLog._fields) * hp.seeds * hp.epochs * f32,
           'features': n_images * (feat_dim + in_dim) * f32}
 
 
-def check_memory(hp: human_loss.Hparams, n_images: int, feat_dim: int, pca_dim: int) -> None:
+def check_memory(hp: human_heads.Hparams, n_images: int, feat_dim: int, pca_dim: int) -> None:
   width = 'config.adapt_dim' if hp.model == 'adapter' else 'config.embed_dim'
   parts = memory_bytes(hp, n_images, feat_dim, pca_dim)
   fields = ['config.epochs', 'config.seeds'] if parts['epoch logs'] > parts['parameters'] else \
@@ -105,8 +110,8 @@ def check_memory(hp: human_loss.Hparams, n_images: int, feat_dim: int, pca_dim: 
                f'{hp.adapt_dim if hp.model == "adapter" else hp.embed_dim}, {n_images} images of {feat_dim} features')
 
 
-def _split(s, index) -> human_loss.Split:
-  return human_loss.Split(*(jnp.asarray(r) for r in s.rows(index)), jnp.asarray(s.judge))
+def _split(s, index) -> human_heads.Split:
+  return human_heads.Split(*(jnp.asarray(r) for r in s.rows(index)), jnp.asarray(s.judge))
 
 
 def run(config, workdir: str, progress: bool = True) -> dict:
@@ -114,7 +119,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   hp = hparams_from_config(config)
   t0 = time.time()
   sets, root = load_sets(config)
-  fo = features_lib.options(config)
+  fo = config_fields.options(config)
   backbone, layers = features_lib.build(fo)
   paths = list(dict.fromkeys(p for s in sets.values() for p in s.paths()))
   check_memory(hp, len(paths), sum(backbone.layer_dims(layers).values()), int(config.pca_dim))  # before allocating
@@ -134,22 +139,22 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   else:
     x = jnp.asarray(feats)
   desc = features_lib.describe(backbone, layers)
-  recorded = features_lib.recorded_config(config, uses_backbone=True)
+  recorded = config_fields.recorded_config(config, uses_backbone=True)
   fields = {**hp.__dict__, 'pca_dim': int(config.pca_dim) if hp.model == 'adapter' else None,
             'min_votes': config.min_votes}
   fp = runtime.fingerprint(fields, [feats, *[np.asarray(a) for s in split.values() for a in s]])
-  host = lambda: {k: np.zeros((hp.seeds, hp.epochs), np.float32) for k in human_loss.EpochLog._fields}
+  host = lambda: {k: np.zeros((hp.seeds, hp.epochs), np.float32) for k in human_heads.EpochLog._fields}
   with runtime.Run(workdir, recorded, fp, config.checkpoint, progress, desc='train (epochs)') as rt:
     t1 = time.time()
-    init = human_loss.init_state
+    init = human_heads.init_state
     template = {'state': jax.eval_shape(init, hp, x.shape[1]), **host()}
     tree, start = rt.restore(template) if config.checkpoint else (template, 0)
-    tree = {**tree, **{k: np.array(tree[k]) for k in human_loss.EpochLog._fields}} if start else \
+    tree = {**tree, **{k: np.array(tree[k]) for k in human_heads.EpochLog._fields}} if start else \
         {'state': init(hp, x.shape[1]), **host()}
     ev = (split['train'], split['val'], split['test'])
 
     def chunk_fn(tree, e0, n):
-      state, log = human_loss.train_chunk(hp, x, *ev, tree['state'], e0, n)
+      state, log = human_heads.train_chunk(hp, x, *ev, tree['state'], e0, n)
       for k, v in log._asdict().items():
         tree[k][:, e0:e0 + n] = np.asarray(v)
       return {**tree, 'state': state}, {'train/loss_mean': np.asarray(log.train_loss).mean(0),
@@ -176,7 +181,7 @@ def _distances(hp, params, feats, x, splits, with_pca: bool):
   cos = lambda f, s: (1.0 - jnp.sum(f[s.ref] * f[s.p0], -1), 1.0 - jnp.sum(f[s.ref] * f[s.p1], -1))
   heads = {'frozen': unit(feats), **({'pca': unit(x)} if with_pca else {})}
   out = {k: {s: cos(f, sp) for s, sp in splits.items()} for k, f in heads.items()}
-  out['trained'] = {s: human_loss.distances(hp, params, x, sp) for s, sp in splits.items()}
+  out['trained'] = {s: human_heads.distances(hp, params, x, sp) for s, sp in splits.items()}
   return out
 
 
@@ -204,14 +209,14 @@ def _outputs(rt, hp, tree, p, metrics, desc) -> None:
     return
   best = metrics['exported_seed']
   params = jax.tree.map(lambda a: np.asarray(a[best]), tree['state'].best)
-  meta = {k: desc.get(k) for k in export.META_KEYS}
+  meta = {k: desc.get(k) for k in adapter_file.META_KEYS}
   meta['source'] = {'workdir': rt.workdir, 'experiment': 'nights_adapt', 'seed': best,
                     'epoch': metrics['epochs_selected'][best], 'epoch_rule': hp.select}
   if hp.model == 'adapter':
-    export.save_adapter(rt.path('adapter.npz'), p.mean, p.components, p.scale, params['w'], meta=meta)
+    adapter_file.save_adapter(rt.path('adapter.npz'), p.mean, p.components, p.scale, params['w'], meta=meta)
   else:
     runtime.write_npz(rt.path('triplet_head.npz'), w=params['w'], meta=np.asarray(json.dumps(meta, sort_keys=True)))
-  runtime.write_npz(rt.path('curves.npz'), **{k: tree[k] for k in human_loss.EpochLog._fields})
+  runtime.write_npz(rt.path('curves.npz'), **{k: tree[k] for k in human_heads.EpochLog._fields})
 
 
 def _print(metrics, workdir) -> None:

@@ -10,7 +10,7 @@ warm-up (config.warmup_steps), stage 1 (config.steps of balanced pairs), stage 2
 a fresh random set of config.hard_set_size is scored all-against-all, pairs where g is worse than cosine form the
 difficult pool, saved to hard_pairs.npz; config.hard_fraction of each batch comes from it). The optimiser state
 is reset when stage 1 starts. Vectors: optional PCA fitted on training vectors (config.pca_dim), then L2
-(config.normalize). The model math, samplers and jitted chunks are in visim_jax/simnet.py; figures in
+(config.normalize). The model math, samplers and jitted chunks are in visim_jax/models/simnet.py; figures in
 plots/simnet.py; the data in experiments/simnet_data.py; the phases on the runtime, evaluation and report in
 experiments/simnet_run.py. Outputs: config.json, metrics.json, curves.npz, TensorBoard, plots/, hard_pairs.npz, checkpoints/.
 """
@@ -22,10 +22,13 @@ import time
 import ml_collections
 import numpy as np
 
-from visim_jax import features as features_lib
-from visim_jax import checks, memory, runtime, simnet
-from visim_jax.errors import UserError
+from visim_jax.experiments import checks
+from visim_jax.core import memory
+from visim_jax.training import runtime
+from visim_jax.models import simnet
+from visim_jax.core.errors import UserError
 from visim_jax.experiments import simnet_data, simnet_run
+from visim_jax.experiments import config_fields
 
 MODES = ('warmup', 'classes', 'pairs')
 DATA_PATHS = {'tll': (('data_dir', 'dir'), ('subset', 'file')), 'folder': (('data_dir', 'dir'),), 'demo': (),
@@ -41,7 +44,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.experiment, c.mode, c.dataset = 'simnet', 'classes', 'demo'  # dataset: see DATASETS[mode]
   c.data_dir, c.subset, c.features = '', '', ''
   c.demo = ml_collections.ConfigDict({'root': '', 'n_pairs': 192, 'seed': 0})
-  features_lib.add_fields(c)
+  config_fields.add_fields(c)
   c.pca_dim = 0                # 0: no PCA; else PCA fitted on the training vectors
   c.normalize = True           # L2-normalise vectors before SimNet (after PCA)
   c.architecture = 'B'         # Table 1: A | B | C | D, or comma-separated widths '512,512'
@@ -73,10 +76,10 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def validate_config(config) -> None:
-  """Every field's type and range (visim_jax/checks.py), naming the field; main.py calls it before the workdir
+  """Every field's type and range (visim_jax/core/checks.py), naming the field; main.py calls it before the workdir
   is touched."""
   if config.mode != 'warmup':
-    config = features_lib.select_source(config)
+    config = config_fields.select_source(config)
   checks.choice(config, 'mode', MODES)
   if config.mode != 'warmup':
     checks.choice(config, 'dataset', DATASETS[config.mode])
@@ -111,7 +114,7 @@ def validate_config(config) -> None:
   checks.seed(config)
   for f in ('normalize', 'decay_biases', 'checkpoint', 'plots'):
     checks.flag(config, f)
-  features_lib.options(config)  # the backbone fields parsed (checked) once here too
+  config_fields.options(config)  # the backbone fields parsed (checked) once here too
   checks.integer(config, 'demo.n_pairs', 8, 100_000)
   checks.seed(config, 'demo.seed')
   if config.mode == 'warmup':
@@ -170,12 +173,12 @@ def check_memory(config, d: dict) -> None:
 # ---------------------------------------------------------------------------------------------- the run
 
 def run(config, workdir: str, progress: bool = True) -> dict:
-  config = features_lib.select_source(config) if config.mode != 'warmup' else config
+  config = config_fields.select_source(config) if config.mode != 'warmup' else config
   validate_config(config)
   t0 = time.time()
   d = simnet_data.prepare(config, progress)
   check_memory(config, d)
-  recorded = features_lib.recorded_config(config, uses_backbone=config.mode != 'warmup'
+  recorded = config_fields.recorded_config(config, uses_backbone=config.mode != 'warmup'
                                           and config.dataset != 'features')
   fields = {k: v for k, v in recorded.items() if k not in NOT_FINGERPRINTED}
   with runtime.Run(workdir, recorded, runtime.fingerprint(fields, d['fp']), config.checkpoint, progress,

@@ -11,18 +11,20 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import features as features_lib
-from visim_jax import ops, simnet
+from visim_jax.backbones import features as features_lib
+from visim_jax.core import ops
+from visim_jax.models import simnet
 from visim_jax.data import classes as classes_lib
 from visim_jax.data import npz
 from visim_jax.data import pairs as pairs_lib
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
+from visim_jax.experiments import config_fields
 
 
 def _extract(config, groups, progress, n_fit):
   """[(paths, names, tag)] -> feature arrays through the cache, and the description metrics.json records.
   config.pca_dim is checked against the feature size and the `n_fit` training vectors before extraction."""
-  fo = features_lib.options(config)
+  fo = config_fields.options(config)
   backbone, layers = features_lib.build(fo)
   dim = sum(backbone.layer_dims(layers).values())
   if config.pca_dim > min(dim, n_fit):
@@ -43,8 +45,7 @@ def load_classes(config, progress=True):
     desc = {'source': os.path.abspath(config.features)}
   else:
     if config.dataset == 'demo':
-      from visim_jax.data import demo
-      root = demo.from_config(config)
+      root = config_fields.demo_root(config)
       data = classes_lib.demo_labelled(os.path.dirname(root), config.demo.n_pairs, config.demo.seed)
       half = len(data.paths) // 2   # left sides, then right sides (the cache entries of the pairs experiments)
       names = [os.path.basename(p) for p in data.paths[:half]]
@@ -69,7 +70,7 @@ def load_pairs(config, progress=True):
   if config.dataset == 'features':
     left, right, names = pairs_lib.load_feature_pairs(config.features)
     return left, right, names, {'source': os.path.abspath(config.features)}
-  pairs, root = pairs_lib.from_config(config)
+  pairs, root = config_fields.pairs(config)
   n_train = pair_split(config, len(pairs))
   (left, right), desc = _extract(config, [(pairs.left, pairs.names, 'left'), (pairs.right, pairs.names, 'right')],
                                  progress, 2 * n_train)
@@ -111,7 +112,7 @@ def split_classes(labels, config, rng):
 def transform(config, fit_rows, *arrays):
   """Optional PCA (fitted on fit_rows) then L2 normalisation; returns float32 arrays."""
   if config.pca_dim:
-    from visim_jax import pca as pca_lib
+    from visim_jax.core import pca as pca_lib
     if config.pca_dim > min(fit_rows.shape[1], len(fit_rows)):
       raise UserError(f'config.pca_dim: {config.pca_dim} exceeds min(feature dim {fit_rows.shape[1]}, training '
                       f'vectors {len(fit_rows)})')
@@ -179,7 +180,7 @@ def load_retrieval_sets(config, progress=True) -> list[dict]:
   """config.retrieval.roots -> [{'name', 'database', 'queries', 'gt'}]: R-MAC of every database image and of every
   query cropped to its box (data/retrieval.py folders), with the run's backbone, whitening and cache."""
   from visim_jax.data import retrieval as retrieval_data
-  fo = features_lib.options(config)
+  fo = config_fields.options(config)
   backbone, _ = features_lib.build(fo)
   out = []
   for root in [r.strip() for r in config.retrieval.roots.split(',') if r.strip()]:

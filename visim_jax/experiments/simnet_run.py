@@ -16,10 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import report, runtime, simnet
-from visim_jax.errors import UserError
-from visim_jax.metrics import map as map_lib
-from visim_jax.metrics import retrieval as retrieval_metrics
+from visim_jax.core import report
+from visim_jax.training import runtime
+from visim_jax.models import simnet
+from visim_jax.core.errors import UserError
+from visim_jax.metrics import map as map_lib, retrieval as retrieval_metrics
 
 PAPER_TABLE1_RHO = {'A': 0.909, 'B': 0.965, 'C': 0.974, 'D': 0.964}
 _optimizer = functools.lru_cache(maxsize=16)(simnet.optimizer)  # one object per setting: a static jit argument
@@ -238,8 +239,8 @@ def print_summary(metrics, ks) -> None:
     names = [k for k in metrics['results']['cosine'] if '@' in k or k == 'mAP']
     say(report.table([[m] + [metrics['results'][m][k] for k in names] for m in ('cosine', 'simnet')],
                      ['similarity'] + names))
-  sets = ({'oxford_paris': metrics['oxford_paris']} if 'oxford_paris' in metrics else {})
-  sets.update(metrics.get('retrieval_sets', {}))
+  sets = {**({'oxford_paris': metrics['oxford_paris']} if 'oxford_paris' in metrics else {}),
+          **metrics.get('retrieval_sets', {})}
   for set_name, o in sets.items():
     names = [k for k in o if k not in ('protocol', 'n_queries', 'n_database')]
     if o['protocol'] == 'revisited':

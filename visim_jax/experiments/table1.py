@@ -10,7 +10,7 @@ plots/recall_at_k.png (aR@k before and after adaptation). A backbone whose W/<na
 under the same config and data (its fingerprint, the features read through the cache) is read back instead of
 run again (else it runs as a plain adaptation run would: refused when its checkpoints hold other data), so a killed sweep resumes backbone by backbone (and
 inside the interrupted backbone at its last checkpoint).
-Then W/table1.csv and W/table1.md hold Table 1's columns, ours beside the paper's (visim_jax/paper_data) for
+Then W/table1.csv and W/table1.md hold Table 1's columns, ours beside the paper's (visim_jax/data/paper_data) for
 every row whose name is in Table 1, and W/plots/table1.png compares the rows.
 """
 from __future__ import annotations
@@ -22,10 +22,12 @@ import os
 
 import ml_collections
 
-from visim_jax import ops, paper_data, report, runtime
-from visim_jax import features as features_lib
-from visim_jax.errors import UserError
+from visim_jax.core import ops, report
+from visim_jax.data import paper_data
+from visim_jax.training import runtime
+from visim_jax.core.errors import UserError
 from visim_jax.experiments import adapt
+from visim_jax.experiments import config_fields
 
 # our column -> (the paper's column, its std column or None)
 PAPER_COLUMNS = {'pca_variance_sum': ('pca_variance_sum', None),
@@ -77,7 +79,7 @@ def finished(workdir: str, c, progress: bool = False) -> dict | None:
     return None
   with open(path) as f:
     m = json.load(f)
-  if m.get('config') != _json(features_lib.recorded_config(c, uses_backbone=True)):
+  if m.get('config') != _json(config_fields.recorded_config(c, uses_backbone=True)):
     return None
   hp = adapt.hparams_from_config(c)
   feats = adapt.load_features(c, hp, [int(k) for k in c.ks], progress)[0]
@@ -199,5 +201,5 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   runtime.say(f'\nTable 1 ({len(rows)} backbones) in {os.path.join(workdir, "table1.md")}\n\n{text}')
   summary = {'experiment': 'table1', 'backbones': specs, 'rows': rows}
   ops.atomic_write_text(os.path.join(workdir, 'table1.json'), json.dumps(summary, indent=1) + '\n')
-  report.write_config(workdir, config)  # the record last: another experiment is refused this workdir
+  report.write_config(workdir, config.to_dict())  # the record last: another experiment is refused this workdir
   return summary

@@ -21,13 +21,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import ensembles, ops, report, runtime
-from visim_jax import features as features_lib
-from visim_jax import triplets as cs
-from visim_jax.data import triplets as tdata
-from visim_jax.errors import UserError
+from visim_jax.models import ensembles
+from visim_jax.core import ops, report
+from visim_jax.training import runtime
+from visim_jax.backbones import features as features_lib
+from visim_jax.models import context
+from visim_jax.data import cosis
+from visim_jax.core.errors import UserError
 from visim_jax.experiments.twoafc_parse import check_memory, model_hparams, validate_config  # noqa: F401 (the gate)
 from visim_jax.metrics import twoafc
+from visim_jax.experiments import config_fields
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED_COSIS = os.path.join(REPO, '..', 'shared', 'data', 'cosis')
@@ -44,7 +47,7 @@ def annotations_dir(config, workdir: str) -> tuple[str, bool]:
                           f'seed{config.seed}_dim{config.stand_in_dim}')
     done = os.path.join(folder, '.complete')
     if not os.path.exists(done):
-      tdata.write_synthetic_cosis(folder, config.seed, config.stand_in_dim)
+      cosis.write_synthetic_cosis(folder, config.seed, config.stand_in_dim)
       ops.atomic_write_bytes(done, b'')
     return folder, True
   folder = a or SHARED_COSIS
@@ -61,24 +64,24 @@ def load_features(config, sets, folder: str, synthetic: bool, progress: bool = T
   """(features (N, D) float32, {key: row}, description)."""
   keys = list(dict.fromkeys(k for t in all_triplets(sets) for k in t.keys()))
   if config.features:
-    feats, table = tdata.load_feature_table(config.features)
+    feats, table = cosis.load_feature_table(config.features)
     if not any(k in table for k in keys):  # names are BG-20k names: map through filename_dict
-      table = tdata.keys_from_names(table, tdata.read_filename_dict(os.path.join(folder, 'filename_dict.txt')))
+      table = cosis.keys_from_names(table, cosis.read_filename_dict(os.path.join(folder, 'filename_dict.txt')))
     for t in all_triplets(sets):
       t.indices(table, what=f'features file {config.features}')  # a missing id fails here, naming its line
     return feats, table, {'kind': 'npz', 'path': os.path.abspath(config.features), 'dim': int(feats.shape[1])}
   if config.image_dir:
-    names = tdata.read_filename_dict(os.path.join(folder, 'filename_dict.txt'))
-    paths = tdata.resolve_images(all_triplets(sets), names, config.image_dir)  # every file checked first
-    from visim_jax import features
-    fo = features.options(config)
+    names = cosis.read_filename_dict(os.path.join(folder, 'filename_dict.txt'))
+    paths = cosis.resolve_images(all_triplets(sets), names, config.image_dir)  # every file checked first
+    from visim_jax.backbones import features
+    fo = config_fields.options(config)
     backbone, layers = features.build(fo)
     feats = features.features_of(fo, backbone, layers, [paths[k] for k in keys], keys, 'cosis', progress=progress)
     return feats, {k: i for i, k in enumerate(keys)}, {
         'kind': 'images', 'image_dir': os.path.abspath(config.image_dir), 'backbone': backbone.name,
         'weights_sha256': backbone.weights_id, 'layers': list(layers), 'dim': int(feats.shape[1])}
-  src = [tdata.synthetic_alias(k) for k in keys] if synthetic else keys
-  feats = tdata.stand_in_features(src, config.stand_in_dim, config.seed)
+  src = [cosis.synthetic_alias(k) for k in keys] if synthetic else keys
+  feats = cosis.stand_in_features(src, config.stand_in_dim, config.seed)
   return feats, {k: i for i, k in enumerate(keys)}, {
       'kind': 'stand_in', 'dim': config.stand_in_dim, 'seed': config.seed,
       'note': ('STAND-IN FEATURES: seeded random vectors keyed by image id, not image features. '
@@ -87,11 +90,11 @@ def load_features(config, sets, folder: str, synthetic: bool, progress: bool = T
                        'are at chance (see docs/twoafc.md); this run checks the pipeline, not the method.'))}
 
 
-def train_models(run_: runtime.Run, config, feats, train_sets: cs.Batch, names) -> tuple:
+def train_models(run_: runtime.Run, config, feats, train_sets: context.Batch, names) -> tuple:
   """K models through the runtime (Orbax chunks, resume): (params (K, ...), loss (K, steps))."""
   hp = model_hparams(config)
   k = train_sets.ref.shape[0]
-  chunk = jax.jit(functools.partial(cs.train_chunk, hp), static_argnums=4)
+  chunk = jax.jit(functools.partial(context.train_chunk, hp), static_argnums=4)
   feats_j = jnp.asarray(feats)
 
   def chunk_fn(tree, step0, n):
@@ -101,7 +104,7 @@ def train_models(run_: runtime.Run, config, feats, train_sets: cs.Batch, names) 
     scalars = {f'train/loss_{x}': float(hist[j, step0:step0 + n].mean()) for j, x in enumerate(names)}
     return {'state': state, 'loss': hist}, scalars
 
-  template = {'state': jax.device_get(cs.init_state(hp, feats.shape[1], k)),
+  template = {'state': jax.device_get(context.init_state(hp, feats.shape[1], k)),
               'loss': np.zeros((k, hp.steps), np.float32)}
   tree, start = run_.restore(template)
   run_.bar(hp.steps + len(EVAL_PHASES) * eval_units(hp.steps), initial=start)  # one bar: training steps, then the evaluation phases
@@ -121,12 +124,12 @@ def eval_units(steps: int) -> int:
 def run(config, workdir: str, progress: bool = True) -> dict:
   validate_config(config)
   folder, synthetic = annotations_dir(config, workdir)
-  sets = tdata.load_cosis_sets(folder)
+  sets = cosis.load_cosis_sets(folder)
   feats, table, feat_desc = load_features(config, sets, folder, synthetic, progress)
   ctx, val, test = sets['contexts'], sets['mulref_val'], sets['mulref_test']
   names = list(ctx)
   m = config.model
-  splits = {n: tdata.split_context(t, m.split, m.train_fraction, config.seed + j)
+  splits = {n: cosis.split_context(t, m.split, m.train_fraction, config.seed + j)
             for j, (n, t) in enumerate(ctx.items())}
   rows = {n: (*t.indices(table), t.a_closer, t.cls_a.astype(np.int32), t.cls_b.astype(np.int32))
           for n, t in ctx.items()}
@@ -134,11 +137,11 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   if m.global_model:  # Table 5: one model on the union of the eight training parts
     train_parts.append(tuple(np.concatenate(c) for c in zip(*train_parts)))
   models = names + ['global'] * bool(m.global_model)
-  train_sets = cs.pad_sets(train_parts)
+  train_sets = context.pad_sets(train_parts)
   fields = {'model': m.to_dict(), 'seed': config.seed, 'features': feat_desc, 'models': models}
   fp = runtime.fingerprint(fields, [feats] + [np.asarray(x) for x in train_sets])
   check_memory(config, len(models), *feats.shape)
-  with runtime.Run(workdir, config, fp, progress=progress, desc='context models') as run_:
+  with runtime.Run(workdir, config.to_dict(), fp, progress=progress, desc='context models') as run_:
     params, loss = train_models(run_, config, feats, train_sets, models)
     return evaluate(config, workdir, run_, folder, sets, feats, table, feat_desc, synthetic, splits, models, params,
                     loss)
@@ -158,7 +161,7 @@ def evaluate(config, workdir, run_, folder, sets, feats, table, feat_desc, synth
   feats_j = jnp.asarray(feats)
   unit = eval_units(m.steps)
   with run_.phase(EVAL_PHASES[0], unit):
-    d_a, d_b, s = (np.asarray(x) for x in jax.jit(cs.predict_all)(params, feats_j, *idx))
+    d_a, d_b, s = (np.asarray(x) for x in jax.jit(context.predict_all)(params, feats_j, *idx))
     cos = np.asarray(twoafc.cosine_scores(feats_j, *idx, a_closer))
   bounds = np.cumsum([0] + [len(t) for t in parts])
   sl = [slice(int(bounds[i]), int(bounds[i + 1])) for i in range(len(parts))]
@@ -202,7 +205,7 @@ def evaluate(config, workdir, run_, folder, sets, feats, table, feat_desc, synth
              {'description': f'MLP weights (first of {config.ensemble.mlp_seeds} seeds; mean ± std in ensembles)',
               **e['mlp']}]
   table6 = [{'description': r['description'], 'val': r['val'], 'test': r['test']} for r in table6]
-  files = {os.path.basename(t.source): tdata.describe(t) for t in all_triplets(sets)}
+  files = {os.path.basename(t.source): cosis.describe(t) for t in all_triplets(sets)}
   metrics = {
       'experiment': 'twoafc', 'features': feat_desc,
       'annotations': {'dir': folder, 'synthetic': synthetic, 'files': files},

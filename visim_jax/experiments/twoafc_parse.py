@@ -2,17 +2,18 @@
 and their training memory against the device's (check_memory), before anything is allocated."""
 from __future__ import annotations
 
-from visim_jax import checks, memory
-from visim_jax import features as features_lib
-from visim_jax import triplets as cs
-from visim_jax.data import triplets as tdata
+from visim_jax.experiments import checks
+from visim_jax.core import memory
+from visim_jax.models import context
+from visim_jax.data import cosis
 from visim_jax.metrics import degenerate
+from visim_jax.experiments import config_fields
 
 PCA_FITS = ('val', 'authors')
 
 
 def validate_config(config) -> None:
-  """Every field's type and range (visim_jax/checks.py), naming the field; main.py calls it before the workdir
+  """Every field's type and range (visim_jax/core/checks.py), naming the field; main.py calls it before the workdir
   is touched."""
   if config.features and config.image_dir:
     raise checks.fail('image_dir', 'set config.features or config.image_dir, not both', config.image_dir)
@@ -21,7 +22,7 @@ def validate_config(config) -> None:
   if config.annotations != 'synthetic':
     checks.input_path(config, 'annotations', 'dir')
   checks.integer(config, 'stand_in_dim', 2, 2**16)
-  checks.choice(config, 'model.split', tdata.SPLITS)
+  checks.choice(config, 'model.split', cosis.SPLITS)
   checks.fraction(config, 'model.train_fraction')
   checks.integer(config, 'model.embed_dim', 1, 2**16)
   checks.integer(config, 'model.hidden', 0, 2**16, note=' (0: a linear ranking block)')
@@ -45,12 +46,12 @@ def validate_config(config) -> None:
   checks.fraction(config, 'ci_level')
   degenerate.check_n_boot(config.n_boot, 'config.n_boot', 1 - config.ci_level)
   checks.seed(config)
-  features_lib.options(config)  # the backbone fields parsed (checked) once here too
+  config_fields.options(config)  # the backbone fields parsed (checked) once here too
 
 
-def model_hparams(config) -> cs.Hparams:
+def model_hparams(config) -> context.Hparams:
   fields = ('embed_dim', 'hidden', 'triplet_weight', 'normalize', 'lr', 'weight_decay', 'steps', 'batch_size', 'swap')
-  return cs.Hparams(**{f: config.model[f] for f in fields}, seed=config.seed)
+  return context.Hparams(**{f: config.model[f] for f in fields}, seed=config.seed)
 
 
 def check_memory(config, k: int, n: int, dim: int) -> None:

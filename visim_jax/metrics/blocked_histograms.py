@@ -21,7 +21,6 @@ when a run would not fit. Pure math apart from that host driver (no I/O).
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple, Sequence
 
 import jax
@@ -29,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from visim_jax import device_rows
-from visim_jax.errors import UserError
+from visim_jax.core import device_rows, memory
+from visim_jax.core.errors import UserError
 from visim_jax.metrics.bins import NUM_BINS, bin_index
 from visim_jax.metrics.pair_sampling import bucket
 
@@ -76,17 +75,6 @@ def make_plan(samples: int, dim: int, classes: int, bins: int = NUM_BINS, tile: 
               int(nbytes), pairs / rate)
 
 
-def memory_limit_bytes() -> int:
-  """Memory of one device: the accelerator's limit when it reports one, else the host's physical memory."""
-  try:
-    stats = jax.devices()[0].memory_stats() or {}
-    if stats.get('bytes_limit'):
-      return int(stats['bytes_limit'])
-  except Exception:  # backends without memory_stats
-    pass
-  return int(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'))
-
-
 def describe(plan: Plan) -> str:
   return (f'{plan.samples:,} samples -> {plan.pairs:,} pairs in {plan.blocks:,} blocks of {plan.tile}x{plan.tile} '
           f'on {plan.devices} device(s): about {plan.bytes_per_device / 2**30:.2f} GiB per device and '
@@ -95,7 +83,7 @@ def describe(plan: Plan) -> str:
 
 def check_plan(plan: Plan, max_seconds: float, field: str = 'config.pairs.mode') -> None:
   """UserError (nothing run) when the exact pass would not fit in memory or would exceed max_seconds."""
-  limit = memory_limit_bytes()
+  limit = memory.limit_bytes()
   if plan.bytes_per_device > 0.8 * limit:
     raise UserError(f'{field}: the exact pass needs {describe(plan)}, more than 80% of the '
                     f'{limit / 2**30:.1f} GiB available; use pairs.mode=random or fewer samples')

@@ -13,7 +13,7 @@ ranking it) would mislead:
 
 Each check returns the reason, '<kind>: <detail>' with kind one of KINDS, or None. A degenerate cell is reported as
 `result(reason, n)` = {score, ci_low, ci_high: NaN, n, degenerate: reason}: not a number, so it is never
-bold and never ranked (visim_jax/leaderboard.py), and tables show `degenerate: <reason>`.
+bold and never ranked (visim_jax/metrics/leaderboard.py), and tables show `degenerate: <reason>`.
 
 Bootstrap intervals (metrics/human.py, metrics/twoafc.py): the percentile interval of `n_boot` resamples,
 refused below `min_boot(alpha)` (0 = no interval), and made to contain the estimate (`contain`): with few
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 
 MIN_BOOT = 50
 KINDS = ('non-finite', 'all tied', 'labels', 'empty')

@@ -35,8 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import ops
-from visim_jax.errors import UserError
+from visim_jax.core import memory, ops
+from visim_jax.core.errors import UserError
 from visim_jax.metrics import blocked_histograms as blocked
 from visim_jax.metrics import degenerate
 from visim_jax.metrics import pair_sampling as sampling
@@ -230,7 +230,7 @@ def choose_estimator(n_samples: int, dim: int, num_classes: int, opts: Options, 
   if opts.mode == 'exhaustive':
     blocked.check_plan(plan, opts.max_seconds)
     return 'exhaustive'
-  fits = plan.bytes_per_device <= 0.5 * blocked.memory_limit_bytes() and plan.seconds <= opts.max_seconds
+  fits = plan.bytes_per_device <= 0.5 * memory.limit_bytes() and plan.seconds <= opts.max_seconds
   return 'exhaustive' if plan.pairs <= opts.exhaustive_max and fits else 'random'
 
 

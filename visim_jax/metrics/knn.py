@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import ops
+from visim_jax.core import ops
 from visim_jax.metrics.pair_sampling import bucket
 
 

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax import ops
+from visim_jax.core import ops
 from visim_jax.metrics import degenerate
 
 

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from visim_jax.metrics import degenerate
-from visim_jax.ops import l2_normalize
+from visim_jax.core.ops import l2_normalize
 
 
 def score(s_ra: jax.Array, s_rb: jax.Array, a_closer: jax.Array) -> jax.Array:

@@ -9,9 +9,11 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from visim_jax import adaptation, pca as pca_lib, report, train  # noqa: E402
+from visim_jax.models import adaptation  # noqa: E402
+from visim_jax.core import pca as pca_lib, report
+from visim_jax.training import adaptation_runs
 from visim_jax.data import images as images_lib  # noqa: E402
-from visim_jax.preprocess import Preprocess  # noqa: E402
+from visim_jax.data.preprocess import Preprocess  # noqa: E402
 from visim_jax.metrics import retrieval  # noqa: E402
 
 
@@ -28,11 +30,11 @@ def recall_at_k(out: dict, path: str, chosen: int, max_k: int = 50, rule: str = 
   chosen epoch and at the last; mean +- 2 std over runs; the y axis starts under the lowest band."""
   ks = np.arange(1, max_k + 1)
   fig, ax = plt.subplots(figsize=(6, 4))
-  low = min(_band(ax, ks, train.recall_from_ranks(out['raw'], ks), 'raw features (before)', '--'),
-            _band(ax, ks, train.recall_from_ranks(out['pca'], ks), 'PCA features (before)', '--'),
-            _band(ax, ks, train.recall_from_ranks(out['ranks'][:, chosen], ks),
+  low = min(_band(ax, ks, adaptation_runs.recall_from_ranks(out['raw'], ks), 'raw features (before)', '--'),
+            _band(ax, ks, adaptation_runs.recall_from_ranks(out['pca'], ks), 'PCA features (before)', '--'),
+            _band(ax, ks, adaptation_runs.recall_from_ranks(out['ranks'][:, chosen], ks),
                   f'adapted, epoch {chosen + 1} ({rule} rule)'),
-            _band(ax, ks, train.recall_from_ranks(out['ranks'][:, -1], ks), 'adapted, last epoch', ':'))
+            _band(ax, ks, adaptation_runs.recall_from_ranks(out['ranks'][:, -1], ks), 'adapted, last epoch', ':'))
   ax.set_xscale('log')
   ax.set_xlim(1, max_k)
   ax.set_xlabel('k (log scale)')
@@ -107,7 +109,7 @@ def all_figures(out: dict, summary: dict, metrics: dict, folder: str) -> None:
   sigmas, rule = metrics['sigmas'], metrics['epoch_rule']['primary']
   val = summary.get('val_curves')
   for s, sigma in enumerate(sigmas):
-    one, key = train.select_sigma(out, s), train.sigma_key(sigma)
+    one, key = adaptation_runs.select_sigma(out, s), adaptation_runs.sigma_key(sigma)
     tag = '' if len(sigmas) == 1 else f'_{key}'
     chosen = summary['epochs'][key][rule]
     recall_at_k(one, os.path.join(folder, f'recall_at_k{tag}.png'), chosen - 1, max_k=min(50, metrics['n_test']),

@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
-from visim_jax import report  # noqa: E402
+from visim_jax.core import report  # noqa: E402
 from visim_jax.metrics import degenerate  # noqa: E402
 
 GREY = '#d9d9d9'

@@ -8,8 +8,8 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from visim_jax import report  # noqa: E402
-from visim_jax.errors import UserError  # noqa: E402
+from visim_jax.core import report  # noqa: E402
+from visim_jax.core.errors import UserError  # noqa: E402
 from visim_jax.metrics.bins import bin_centers  # noqa: E402
 
 LEVEL_CURVES = (('overlap', 'o-'), ('max_overlap', 's--'), ('astd_inter', '^-'), ('astd_intra', 'v:'))

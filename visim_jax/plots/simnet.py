@@ -8,7 +8,7 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from visim_jax import report  # noqa: E402
+from visim_jax.core import report  # noqa: E402
 
 
 def training_curve(losses: np.ndarray, warm_curve: np.ndarray, phase_ends, every: int, path: str) -> None:

@@ -8,7 +8,8 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from visim_jax import paper_data, report  # noqa: E402
+from visim_jax.data import paper_data  # noqa: E402
+from visim_jax.core import report
 
 _PAPER = {'concatenated': 'concatenated_score', 'pca': 'pca_score', 'sigma=1': 'ar1_sigma1', 'sigma=15': 'ar1_sigma15'}
 

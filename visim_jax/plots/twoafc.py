@@ -10,7 +10,7 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from visim_jax import report  # noqa: E402
+from visim_jax.core import report  # noqa: E402
 
 
 def write_all(workdir: str, metrics: dict, extra: dict, stand_in: bool) -> None:

@@ -5,7 +5,7 @@ r"""Look-alike search: index a folder of images, answer query images with their 
   python -m visim_jax.search --folder=TLL/ --query=all --adapter=W/adapter.npz     # pairs folder: evaluate
 
 Similarity is the cosine of the pooled backbone features (paper 001, Sec. 3) or, with --adapter, of the adapted
-vectors relu(((x - mean) @ components * scale) @ w) (visim_jax/export.py). One file per idea:
+vectors relu(((x - mean) @ components * scale) @ w) (visim_jax/training/adapter_file.py). One file per idea:
 
   topk.py    the pure math: blocked exact top-k (ops.running_topk) and partner ranks over a sharded database
   index.py   the host side of the index: build_index (normalise, pad, shard over the local devices), search,

@@ -2,12 +2,12 @@
 and docs/search.md. User errors end with one line `error: <flag or file>: <what to do>` on stderr, exit 1."""
 from absl import flags
 
-from visim_jax import errors
+from visim_jax.core import errors
 from visim_jax.search import folder
 
 _FOLDER = flags.DEFINE_string('folder', None, 'Image folder to index, or a pairs folder (left/, right/).')
 _QUERY = flags.DEFINE_list('query', None, "Query image files or folders (comma-separated), or 'all'.")
-_ADAPTER = flags.DEFINE_string('adapter', None, 'adapter.npz of a trained adaptation (visim_jax/export.py).')
+_ADAPTER = flags.DEFINE_string('adapter', None, 'adapter.npz of a trained adaptation (visim_jax/training/adapter_file.py).')
 _BACKBONE = flags.DEFINE_string('backbone', None, "Default: the adapter's backbone, else efficientnet_lite0.")
 _LAYERS = flags.DEFINE_string('layers', None, "Comma-separated stages (default: the adapter's / backbone's).")
 _K = flags.DEFINE_integer('k', 10, 'Look-alikes per query.')

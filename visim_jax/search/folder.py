@@ -19,9 +19,11 @@ from typing import Sequence
 
 import numpy as np
 
-from visim_jax import errors, export, memory, ops, report, runtime
+from visim_jax.core import errors, memory, ops, report
+from visim_jax.training import adapter_file
+from visim_jax.training import runtime
 from visim_jax.data import images as images_lib
-from visim_jax.errors import UserError
+from visim_jax.core.errors import UserError
 from visim_jax.search import index as index_lib
 from visim_jax.search import sheets
 
@@ -53,7 +55,7 @@ def features_of(backbone, paths: Sequence[str], root: str | None, cache_dir: str
 
   strict=False: undecodable images are left out and appended to `skipped` as {'path', 'reason'}.
   """
-  from visim_jax import features as features_lib
+  from visim_jax.backbones import features as features_lib
   paths = list(paths)
 
   def extract(ps):
@@ -128,7 +130,7 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
   """Indexes `folder`, answers `query` (paths, or ['all']); writes results.json, topk.npz and sheets in `out`
   (an `out` ending in .png is the sheet's file: see `output_files`)."""
   from visim_jax.backbones import get_backbone
-  from visim_jax import paths  # pylint: disable=g-import-not-at-top
+  from visim_jax.core import paths  # pylint: disable=g-import-not-at-top
   folder, adapter, out, cache_dir = (paths.expand_path(v) for v in (folder, adapter, out, cache_dir))
   t0 = time.time()
   query = [query] if isinstance(query, str) else list(query or [])
@@ -136,7 +138,7 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
               sheet_queries=sheet_queries, sheet_k=sheet_k)
   all_mode = query == ['all']
   query_files = None if all_mode else _expand_queries(query)  # a missing query fails before any extraction
-  ad = export.load_adapter(adapter) if adapter else None
+  ad = adapter_file.load_adapter(adapter) if adapter else None
   name = backbone or (ad.meta.get('backbone') if ad else None) or 'efficientnet_lite0'
   with errors.as_flags(FLAGS if backbone or not ad else {'config.backbone': f'{adapter}: meta.backbone'}):
     bb = get_backbone(name)
@@ -145,7 +147,7 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
   with errors.as_flags(FLAGS):
     bb.layer_dims(layer_list)  # unknown layer names fail before any extraction
   if ad is not None:
-    export.check_backbone(ad, bb, layer_list, adapter)
+    adapter_file.check_backbone(ad, bb, layer_list, adapter)
   outputs = output_files(out, formats)
   ops.check_writable_dir(os.path.dirname(os.path.abspath(outputs['results'])), 'output folder (--out)')  # before extracting
   pairs_mode = _is_pairs_folder(folder)
@@ -185,7 +187,7 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
       exclude = None
   t1 = time.time()
   if ad is not None:
-    index_vecs, query_vecs = (np.asarray(export.apply_adapter(ad, f)) for f in (index_feats, query_feats))
+    index_vecs, query_vecs = (np.asarray(adapter_file.apply_adapter(ad, f)) for f in (index_feats, query_feats))
   else:
     index_vecs, query_vecs = index_feats, query_feats
   source = f'--adapter: {adapter}' if ad is not None else f'--folder: {folder}'
@@ -195,7 +197,7 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
   memory.check({'index': n * d * item, 'score blocks': 2 * query_block * block * 4,
                 'queries': len(query_vecs) * d * 4},
                ['--query_block', '--block', '--index_dtype'], f'{n:,} x {d} index, {index_dtype}',
-               what='the search index')   # before anything is put on the device (visim_jax/memory.py)
+               what='the search index')   # before anything is put on the device (visim_jax/core/memory.py)
   index = index_lib.build_index(index_vecs, block=block, dtype=index_dtype)
   kk = min(k, index.n - (1 if exclude is not None else 0))
   if kk < 1:

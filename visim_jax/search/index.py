@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from visim_jax import device_rows, ops
-from visim_jax import sharding as sharding_lib
-from visim_jax.errors import UserError
+from visim_jax.core import device_rows, ops
+from visim_jax.core import sharding as sharding_lib
+from visim_jax.core.errors import UserError
 from visim_jax.search import topk
 
 

@@ -11,7 +11,7 @@ import urllib.parse
 
 import numpy as np
 
-from visim_jax import ops, report
+from visim_jax.core import ops, report
 
 
 def _thumb(path: str, size: int = 128) -> np.ndarray:

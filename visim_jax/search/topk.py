@@ -1,7 +1,7 @@
 """The pure math of look-alike search: exact top-k and partner ranks over a database sharded along its rows.
 
 Each device holds a shard of the L2-normalised (N, D) database (NamedSharding P('db'), padded rows masked by
-`valid`) and scans it in blocks of `block` rows with `visim_jax.ops.running_topk` (lax.top_k of [running k |
+`valid`) and scans it in blocks of `block` rows with `visim_jax.core.ops.running_topk` (lax.top_k of [running k |
 block scores], memory O(Q (k + block)) whatever N); the S x k shard candidates are merged by one more top_k.
 Ties go to the lower index (lax.top_k is stable and candidates stay in index order): exactly a stable argsort
 of -score. Partner ranks are pessimistic on ties, as in visim_jax/metrics/retrieval.py:
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from visim_jax import ops
+from visim_jax.core import ops
 
 AXIS = 'db'
 

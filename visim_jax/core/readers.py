@@ -1,0 +1,162 @@
+"""The readers every loader uses for user files: bad bytes end as one `UserError` line naming the file (and line).
+
+- `read_text` / `text_lines` / `csv_rows`: UTF-8 text, with or without a byte-order mark (spreadsheets write one;
+  it never becomes part of the first column's name). Other encodings fail naming the file and the line of the
+  first bad byte; a NUL byte or an unterminated quote in a CSV fails naming the line.
+- `to_int`: an integer field (`3`, `+3`, `3.0`), refused naming file, line and bound when it is not an integer or
+  lies outside [lo, hi] (`1e29`, `inf`, `nan`, `1.5`).
+- `read_json`: JSON of the expected type (a dict, for index.json / adapter_config.json / sidecars).
+- `read_safetensors`, `read_npz`: {name: array} of a .safetensors / .npz (plain numeric arrays only: object arrays
+  are refused, allow_pickle=False); `read_torch`: a PyTorch state dict through visim_jax.core.safe_pickle (no code runs).
+Missing files raise FileNotFoundError (reported in one line by errors.run). Images: data/images.py (ImageError).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from visim_jax.core.errors import UserError
+
+_ADVICE = 'save it as UTF-8 (with or without a byte-order mark)'
+
+
+def _short(e: BaseException, n: int = 160) -> str:
+  text = ' '.join(str(e).split()) or type(e).__name__
+  return text[:n] + ('...' if len(text) > n else '')
+
+
+def read_text(path: str, what: str = 'file') -> str:
+  """The whole file as text (UTF-8, a leading BOM dropped); non-UTF-8 bytes fail naming the file and line."""
+  path = os.fspath(path)
+  with open(path, 'rb') as f:
+    data = f.read()
+  try:
+    return data.decode('utf-8-sig')
+  except UnicodeDecodeError as e:
+    line = data[:e.start].count(b'\n') + 1
+    raise UserError(f'{path}:line {line}: {what} is not UTF-8 text (byte 0x{data[e.start]:02x}); '
+                    f'{_ADVICE}') from None
+
+
+def text_lines(path: str, what: str = 'file') -> list[tuple[int, str]]:
+  """[(1-based line number, stripped text)] of the non-blank lines."""
+  return [(i, s.strip()) for i, s in enumerate(read_text(path, what).splitlines(), start=1) if s.strip()]
+
+
+def csv_rows(path: str, what: str = 'CSV file', **fmt) -> list[tuple[int, list[str]]]:
+  """[(line number where the row ends, fields)] of a CSV (csv.reader with `fmt`), blank rows kept as []."""
+  reader = csv.reader(io.StringIO(read_text(path, what), newline=''), **fmt)
+  rows = []
+  try:
+    for row in reader:
+      rows.append((reader.line_num, row))
+  except csv.Error as e:
+    raise UserError(f'{path}:line {reader.line_num + 1}: {what} does not parse as CSV ({_short(e)})') from None
+  return rows
+
+
+def csv_table(path: str, columns, what: str = 'CSV file') -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
+  """(header, [(line, {column: text})]) of a CSV with a header row holding every one of `columns` (names
+  stripped); a row with fewer fields than a needed column fails naming the file and line."""
+  rows = csv_rows(path, what)
+  rows = [(n, r) for n, r in rows if r and any(c.strip() for c in r)]
+  if not rows:
+    raise UserError(f'{path}: empty {what} (expected a header row)')
+  header = [h.strip() for h in rows[0][1]]
+  missing = [c for c in columns if c not in header]
+  if missing:
+    raise UserError(f'{path}: missing column(s) {missing} (has {header})')
+  where = {c: header.index(c) for c in columns}
+  need = max(where.values()) + 1
+  out = []
+  for n, r in rows[1:]:
+    if len(r) < need:
+      short = [c for c, i in where.items() if i >= len(r)]
+      raise UserError(f'{path}:line {n}: {len(r)} field(s), the header has {len(header)}; missing {short}')
+    out.append((n, {c: r[i] for c, i in where.items()}))
+  return header, out
+
+
+def to_int(text: str, where: str, lo: int | None = None, hi: int | None = None, what: str = 'value') -> int:
+  """An integer field (`3`, `+3`, `3.0`), refused (UserError starting with `where`) when it is not an integer or
+  lies outside [lo, hi]."""
+  s = str(text).strip()
+  try:
+    v = int(s)
+  except ValueError:
+    try:
+      f = float(s)
+    except ValueError:
+      raise UserError(f'{where}: {what} {s!r} is not an integer') from None
+    if not math.isfinite(f) or f != int(f):
+      raise UserError(f'{where}: {what} {s!r} is not an integer') from None
+    v = int(f)
+  if (lo is not None and v < lo) or (hi is not None and v > hi):
+    raise UserError(f'{where}: {what} {s} is outside {lo if lo is not None else "-inf"}..'
+                    f'{hi if hi is not None else "inf"}')
+  return v
+
+
+def read_json(path: str, expect: type = dict, what: str = 'JSON file') -> Any:
+  """The parsed JSON of `path`, which must be an `expect` (dict, list...); else one line naming the file."""
+  text = read_text(path, what)
+  try:
+    value = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise UserError(f'{path}:line {e.lineno}: {what} is not valid JSON ({e.msg})') from None
+  except RecursionError:
+    raise UserError(f'{path}: {what} is nested too deeply to read') from None
+  if not isinstance(value, expect):
+    raise UserError(f'{path}: {what} holds a JSON {type(value).__name__}; expected a JSON '
+                    f'{ {dict: "object", list: "array"}.get(expect, expect.__name__) }')
+  return value
+
+
+def _check_arrays(path: str, arrays: dict) -> dict[str, np.ndarray]:
+  for k, a in arrays.items():
+    if not isinstance(a, np.ndarray) or a.dtype.kind not in 'biuf':
+      raise UserError(f'{path}: tensor {k!r} holds {getattr(a, "dtype", type(a).__name__)} values; weights must be '
+                      'real numbers')
+  return arrays
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+  """{name: array} of a .safetensors file; a bad header, truncated data or an unknown dtype fail in one line."""
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{path}: no such file')
+  try:
+    arrays = load_file(path)
+  except Exception as e:  # noqa: BLE001: SafetensorError, OSError, ValueError (bad header / dtype / length)
+    raise UserError(f'{path}: not a readable .safetensors file ({_short(e)}); convert or download it again') from None
+  return _check_arrays(path, arrays)
+
+
+def read_npz(path: str) -> dict[str, np.ndarray]:
+  """{name: array} of a .npz of plain numeric arrays (never pickled objects)."""
+  import zipfile  # pylint: disable=g-import-not-at-top
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{path}: no such file')
+  if not zipfile.is_zipfile(path):
+    raise UserError(f'{path}: not a .npz (zip) file; rewrite it with numpy.savez')
+  try:
+    with np.load(path, allow_pickle=False) as z:
+      arrays = {k: z[k] for k in z.files}
+  except Exception as e:  # noqa: BLE001: not a zip, truncated, object arrays (pickles)...
+    raise UserError(f'{path}: not a readable .npz of plain arrays ({_short(e)}); rewrite it with numpy.savez') \
+        from None
+  return _check_arrays(path, arrays)
+
+
+def read_torch(path: str) -> dict[str, np.ndarray]:
+  """A PyTorch state dict (zip or legacy torch.save) read by visim_jax.core.safe_pickle (restricted, no torch)."""
+  from visim_jax.core import safe_pickle  # pylint: disable=g-import-not-at-top
+  return safe_pickle.load_torch_state_dict(path)
