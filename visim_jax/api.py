@@ -26,9 +26,13 @@ The functional form, for JAX code (jit, vmap, grad; e.g. LPIPS or DreamSim as a 
     f = model.apply(params, x)                       # x: float NHWC in [0, 1], traced or concrete
     d = model.apply_distance(params, x0, x1)         # (N,), pure: sim.distance(apply(x0), apply(x1))
 
-For embedding models x must already have the model's input size (`model.image_size`, e.g. 224; resize in your own
-pipeline) and `apply` returns the rows `distance` compares ((N, D)); for LPIPS x may be any size >= 31 px (alex)
-and `apply` returns LPIPS's five normalised maps. A concrete float x outside [0, 1] is refused as above; a traced
+    x = model.preprocess(images)                     # exactly the float [0, 1] array distance / embed feed the model
+
+For embedding models x must already have the model's input size (`model.image_size`, e.g. 224): `model.preprocess`
+gives it (the command line's decode, resize and crop), so `apply_distance(params, preprocess(a), preprocess(b))`
+equals `distance(a, b)`; `apply` returns the rows `distance` compares ((N, D)). For LPIPS x may be any size >= 31 px
+(alex) and `apply` returns LPIPS's five normalised maps; `model.distance_map(a, b)` is LPIPS's per-pixel map (the
+reference's `spatial=True`). A concrete float x outside [0, 1] is refused as above; a traced
 x cannot be checked: the rule is [0, 1].
 """
 from __future__ import annotations
@@ -140,6 +144,43 @@ class Model:
                           for s in range(0, len(x0), self.batch_size)]) if len(x0) else np.zeros(0, np.float32)
     return float(d[0]) if single0 and single1 else d
 
+  def preprocess(self, images) -> np.ndarray:
+    """The float32 NHWC array in [0, 1] that `distance` / `embed` feed the network for these images: embedding
+    models decode, resize and crop to `image_size` exactly as the command line does (data/images.py), LPIPS takes
+    the images at their own size. So `apply_distance(params, preprocess(a), preprocess(b))` equals `distance(a, b)`
+    (to float32 rounding) and `apply(params, preprocess(x))` equals `embed(x)`."""
+    if self.is_embedding:
+      items, _ = _as_items(images, 'images')
+      if not items:
+        size = self.image_size
+        return np.zeros((0, size, size, 3), np.float32)
+      x = _load_items(items, self.similarity.preprocess)
+    else:
+      x = _lpips_batch(images, 'images')
+    x = np.asarray(x)
+    return x.astype(np.float32) / np.float32(255.0) if x.dtype == np.uint8 else x.astype(np.float32)
+
+  def distance_map(self, img0, img1):
+    """LPIPS's per-pixel distance (the reference's `spatial=True`: each layer's weighted squared difference
+    upsampled bilinearly to the image size, summed over layers): (N, H, W) float32, or (H, W) for two single
+    images. Its mean over pixels is close to, not equal to, `distance`. LPIPS models only."""
+    if self.is_embedding:
+      raise UserError(f'{WHERE}: {self.spec!r}: distance_map is LPIPS\'s spatial map; an embedding model has one '
+                      'vector per image (use model.distance)')
+    from visim_jax.models import lpips  # pylint: disable=g-import-not-at-top
+    _, single0 = _as_items(img0, 'img0')
+    _, single1 = _as_items(img1, 'img1')
+    x0, x1 = self.preprocess(img0), self.preprocess(img1)
+    if x0.shape != x1.shape:
+      raise UserError(f'{WHERE}: img0 {x0.shape} and img1 {x1.shape} differ: LPIPS compares same-size images '
+                      '(resize them first)')
+    params = self.similarity.params.params
+    size = tuple(x0.shape[1:3])
+    m = np.concatenate([np.asarray(lpips.distance_map(params, lpips.embed(params, x0[s:s + self.batch_size]),
+                                                      lpips.embed(params, x1[s:s + self.batch_size]), size))
+                        for s in range(0, len(x0), self.batch_size)]) if len(x0) else np.zeros((0,) + size, np.float32)
+    return m[0] if single0 and single1 else m
+
   # ------------------------------------------------------------------------------------- functional API
 
   def apply(self, params, x):
@@ -248,6 +289,11 @@ def load(spec: str, *, fetch: bool = True, batch_size: int = 32, dtype: str = 'f
   never download; the error names the command)."""
   from visim_jax.zoo import interface, similarity  # pylint: disable=g-import-not-at-top
   spec = resolve_spec(spec)
+  kind, _, rest = spec.partition(':')
+  target = rest.partition('@')[0]
+  if kind in ('adapter', 'simnet', 'context', 'triplets') and target and not os.path.exists(target):
+    raise UserError(f'{WHERE}: {spec!r}: {target}: not found (relative to {os.getcwd()}); give the workdir of a '
+                    'finished run or its file')
   name = _backbone_of(spec)
   if fetch and name is not None:
     from visim_jax import fetch as fetch_lib  # pylint: disable=g-import-not-at-top
