@@ -151,6 +151,15 @@ def test_cli_adapter_ranks_partners_higher(pairs96, lite0, tmp_path):
   assert adapted['metrics']['mean_rank'] < raw['metrics']['mean_rank']
   assert raw['mode'] == 'pairs' and raw['n_index'] == raw['n_queries'] == 96 and raw['adapter'] is None
   assert adapted['similarity'] == 'cosine of adapted features' and adapted['vector_dim'] == 256
+  # --model takes every embedding spec vj.load takes (issue 33): the same rankings through the library's model
+  by_spec = search.run(folder, ['all'], out=str(tmp_path / 'by_spec'), model=f'adapter:{path}', formats=(), **common)
+  assert (rank(by_spec) == rank(adapted)).all() and by_spec['model'] == f'adapter:{path}'
+  by_name = search.run(folder, ['all'], out=str(tmp_path / 'by_name'), model='efficientnet_lite0', formats=(), **common)
+  assert (rank(by_name) == rank(raw)).all()
+  with pytest.raises(UserError, match='--model: lpips:alex: lpips compares two images through its network'):
+    search.run(folder, ['all'], out=str(tmp_path / 'x'), model='lpips:alex', **common)
+  with pytest.raises(UserError, match='--model: give --model alone'):
+    search.run(folder, ['all'], out=str(tmp_path / 'x'), model='efficientnet_lite0', adapter=path, **common)
 
   # the outputs: results.json, topk.npz, contact sheets with relative paths that resolve
   wd = tmp_path / 'adapted'

@@ -1,4 +1,4 @@
-"""python -m visim_jax.search --folder=F --query=all|FILES [--adapter=A] [...]: see visim_jax/search/__init__.py
+"""python -m visim_jax.search --folder=F --query=all|FILES [--model=SPEC | --adapter=A] [...]: see visim_jax/search/__init__.py
 and docs/search.md. User errors end with one line `error: <flag or file>: <what to do>` on stderr, exit 1."""
 from absl import flags
 
@@ -7,6 +7,9 @@ from visim_jax.search import folder
 
 _FOLDER = flags.DEFINE_string('folder', None, 'Image folder to index, or a pairs folder (left/, right/).')
 _QUERY = flags.DEFINE_list('query', None, "Query image files or folders (comma-separated), or 'all'.")
+_MODEL = flags.DEFINE_string('model', None, 'Any embedding spec visim_jax.load takes: a backbone name, dreamsim, '
+                             'cosine:<backbone>, adapter:<workdir>, triplets:<workdir>, ... (instead of --backbone, '
+                             '--layers, --adapter).')
 _ADAPTER = flags.DEFINE_string('adapter', None, 'adapter.npz of a trained adaptation (visim_jax/training/adapter_file.py).')
 _BACKBONE = flags.DEFINE_string('backbone', None, "Default: the adapter's backbone, else efficientnet_lite0.")
 _LAYERS = flags.DEFINE_string('layers', None, "Comma-separated stages (default: the adapter's / backbone's).")
@@ -33,7 +36,8 @@ def main(argv):
     raise errors.UserError('--folder: required: the folder of images to index')
   folder.run(_FOLDER.value, _QUERY.value, _ADAPTER.value, _BACKBONE.value, _LAYERS.value, _K.value, _OUT.value,
              _CACHE.value, _BATCH.value, _DTYPE.value, _INDEX_DTYPE.value, _BLOCK.value, _QBLOCK.value,
-             _SHEET_Q.value, _SHEET_K.value, tuple(_FORMAT.value), _PROGRESS.value, strict=_STRICT.value)
+             _SHEET_Q.value, _SHEET_K.value, tuple(_FORMAT.value), _PROGRESS.value, strict=_STRICT.value,
+             model=_MODEL.value)
 
 
 if __name__ == '__main__':

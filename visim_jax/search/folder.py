@@ -126,9 +126,10 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
         layers: str | None = None, k: int = 10, out: str = 'search_out', cache_dir: str | None = None,
         batch_size: int = 32, dtype: str = 'float32', index_dtype: str = 'float32', block: int = 4096,
         query_block: int = 256, sheet_queries: int = 12, sheet_k: int = 8, formats=FORMATS,
-        progress: bool = True, verbose: bool = True, strict: bool = False) -> dict:
+        progress: bool = True, verbose: bool = True, strict: bool = False, model: str | None = None) -> dict:
   """Indexes `folder`, answers `query` (paths, or ['all']); writes results.json, topk.npz and sheets in `out`
-  (an `out` ending in .png is the sheet's file: see `output_files`)."""
+  (an `out` ending in .png is the sheet's file: see `output_files`). model: any embedding spec visim_jax.load
+  takes (`model_rows`), instead of backbone / layers / adapter."""
   from visim_jax.backbones import get_backbone
   from visim_jax.core import paths  # pylint: disable=g-import-not-at-top
   folder, adapter, out, cache_dir = (paths.expand_path(v) for v in (folder, adapter, out, cache_dir))
@@ -139,11 +140,17 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
   all_mode = query == ['all']
   query_files = None if all_mode else _expand_queries(query)  # a missing query fails before any extraction
   ad = adapter_file.load_adapter(adapter) if adapter else None
-  name = backbone or (ad.meta.get('backbone') if ad else None) or 'efficientnet_lite0'
-  with errors.as_flags(FLAGS if backbone or not ad else {'config.backbone': f'{adapter}: meta.backbone'}):
-    bb = get_backbone(name)
-  layer_list = (tuple(l.strip() for l in layers.split(',') if l.strip()) if layers
-                else tuple(ad.meta['layers']) if ad and ad.meta.get('layers') else bb.layers)
+  transform = None
+  if model:
+    if adapter or backbone or layers:
+      raise UserError('--model: give --model alone, or --backbone / --layers / --adapter (not both)')
+    bb, layer_list, transform = model_rows(model)
+  else:
+    name = backbone or (ad.meta.get('backbone') if ad else None) or 'efficientnet_lite0'
+    with errors.as_flags(FLAGS if backbone or not ad else {'config.backbone': f'{adapter}: meta.backbone'}):
+      bb = get_backbone(name)
+    layer_list = (tuple(l.strip() for l in layers.split(',') if l.strip()) if layers
+                  else tuple(ad.meta['layers']) if ad and ad.meta.get('layers') else bb.layers)
   with errors.as_flags(FLAGS):
     bb.layer_dims(layer_list)  # unknown layer names fail before any extraction
   if ad is not None:
@@ -188,9 +195,11 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
   t1 = time.time()
   if ad is not None:
     index_vecs, query_vecs = (np.asarray(adapter_file.apply_adapter(ad, f)) for f in (index_feats, query_feats))
+  elif transform is not None:
+    index_vecs, query_vecs = (np.asarray(transform(f)) for f in (index_feats, query_feats))
   else:
     index_vecs, query_vecs = index_feats, query_feats
-  source = f'--adapter: {adapter}' if ad is not None else f'--folder: {folder}'
+  source = (f'--adapter: {adapter}' if ad is not None else f'--model: {model}' if model else f'--folder: {folder}')
   check_vectors(index_vecs if all_mode and not pairs_mode else np.concatenate([index_vecs, query_vecs]), source)
   n, d = index_vecs.shape
   item = 2 if index_dtype == 'bfloat16' else 4
@@ -218,8 +227,9 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
   summary = {
       'folder': os.path.abspath(folder), 'mode': 'pairs' if pairs_mode else 'folder',
       'query': 'all' if all_mode else 'files', 'backbone': bb.name, 'weights_sha256': bb.weights_id,
-      'layers': list(layer_list), 'adapter': os.path.abspath(adapter) if adapter else None,
-      'similarity': 'cosine of adapted features' if ad is not None else 'cosine of pooled backbone features',
+      'layers': list(layer_list), 'adapter': os.path.abspath(adapter) if adapter else None, 'model': model,
+      'similarity': ('cosine of adapted features' if ad is not None else f'cosine of {model}\'s embedding' if model
+                     else 'cosine of pooled backbone features'),
       'feature_dim': int(index_feats.shape[1]), 'vector_dim': int(index.dim), 'k': kk, 'n_index': index.n,
       'n_queries': len(query_paths), 'devices': int(index.mesh.devices.size),
       'skipped': {'count': len(skipped), 'images': skipped},
@@ -229,13 +239,33 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
   }
   try:
     _write(outputs, summary, scores, idx, index_names, query_paths, ranks, formats, sheet_queries, sheet_k,
-           f'{bb.name}{" + adapter" if ad is not None else ""}: top {min(kk, sheet_k)} of {index.n} '
+           f'{model or bb.name}{" + adapter" if ad is not None else ""}: top {min(kk, sheet_k)} of {index.n} '
            f'in {os.path.basename(os.path.abspath(folder))}')
   except OSError as e:
     raise runtime.os_error(e, out, 'writing the search results') from e
   if verbose:
     _print(summary, ranks, sheet_queries, out)
   return summary
+
+
+def model_rows(spec: str):
+  """(backbone, layers, transform) of an embedding spec visim_jax.load takes (a backbone name, dreamsim,
+  cosine:, adapter:, triplets:, ...): the rows its `distance` compares are transform(pooled features) and the
+  distance is their cosine, which is what the index ranks. Missing weights are fetched as vj.load fetches them."""
+  from visim_jax import api  # pylint: disable=g-import-not-at-top
+  from visim_jax.zoo import interface  # pylint: disable=g-import-not-at-top
+  try:
+    m = api.load(spec)
+  except UserError as e:
+    raise UserError(f'--model: {e}') from None
+  sim = m.similarity
+  if not m.is_embedding:
+    raise UserError(f'--model: {spec}: {sim.kind} compares two images through its network and has no embedding to '
+                    'index; give an embedding model (a backbone name, dreamsim, cosine:, adapter:, triplets:, ...)')
+  if sim.distance is not interface.cosine_distance:
+    raise UserError(f'--model: {spec}: its distance is not the cosine of one embedding per image ({sim.kind}), which '
+                    'is what the index ranks; give cosine:, adapter:, triplets: (cosine) or a backbone name')
+  return sim.backbone, tuple(sim.layers), sim.transform
 
 
 def output_files(out: str, formats=FORMATS) -> dict[str, str]:
