@@ -56,7 +56,10 @@ def test_demo_writes_the_leaderboard(demo_run):
   md = open(os.path.join(work, 'leaderboard.md')).read()
   assert '**' in md and 'DreamSim README' in md and f'`{specs[0]}`' in md
   rows = list(csv.reader(open(os.path.join(work, 'leaderboard.csv'))))
-  assert rows[0][0] == 'model' and [row[0] for row in rows[1:]] == specs
+  assert rows[0][:2] == ['model', 'data'] and [row[0] for row in rows[1:]] == specs
+  # every file the demo sets produce carries the toy-data caveat (issue 33)
+  assert md.startswith('**Toy data.** demo data:') and 'real data, NOT comparable with the toy scores above' in md
+  assert all(row[1].startswith('toy demo sets') for row in rows[1:]) and 'NOT comparable' in board['data_note']
   assert os.path.getsize(os.path.join(work, 'plots', 'leaderboard.png')) > 1000
   assert summary['computed_cells'] == len(specs) * 4
 

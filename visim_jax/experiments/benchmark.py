@@ -129,6 +129,14 @@ def with_demo(config):
   return config
 
 
+def human_demo_note(config) -> str:
+  """data/human_demo.DEMO_NOTE when the demo sets fill a protocol folder (dataset='demo'), else ''."""
+  if config.dataset != 'demo':
+    return ''
+  from visim_jax.data import human_demo
+  return human_demo.DEMO_NOTE
+
+
 def run(config, workdir: str, progress: bool = True) -> dict:
   config = with_demo(config)
   specs = validate_config(config)
@@ -185,13 +193,16 @@ def _cells(config, workdir, specs, protocols, models, record, progress, t0) -> d
              'identities': {s: models[s].identity for s in specs}, 'computed_cells': computed,
              'read_back_cells': len(jobs) - computed, 'timing_s': {'total': time.time() - t0, 'cells': timing},
              'ci': f'{100 * config.ci_level:g}% percentile bootstrap ({config.n_boot} resamples)'}
+  note = human_demo_note(config)   # every file a demo set produces says so (issue 33)
+  if note:
+    summary['data_note'] = note
   record.write()
   if report.is_writer():
     report.write_json(os.path.join(workdir, 'leaderboard.json'), summary)
-    text = leaderboard.write(workdir, board)
+    text = leaderboard.write(workdir, board, note)
     if config.plots:
       from visim_jax.plots import benchmark as plots
-      plots.rank_heatmap(board, os.path.join(workdir, 'plots', 'leaderboard.png'))
+      plots.rank_heatmap(board, os.path.join(workdir, 'plots', 'leaderboard.png'), note)
     runtime.say(f'\nleaderboard ({computed} computed, {len(jobs) - computed} read back) in '
                 f'{os.path.join(workdir, "leaderboard.md")}\n\n{text}')
   return summary

@@ -87,11 +87,12 @@ def cell_text(cell, digits: int = 3) -> str:
   return s
 
 
-def markdown(board: Board, published: bool = True) -> str:
-  """The table (ours, with published numbers beside ours); published=True adds the other published rows."""
+def markdown(board: Board, published: bool = True, note: str = '') -> str:
+  """The table (ours, with published numbers beside ours); published=True adds the other published rows; `note`
+  (the toy-data caveat of the demo sets) heads the table and the published rows."""
   head = ['model'] + [f'{p} {s}' for p, s in board.columns]
   fmt = lambda xs: '| ' + ' | '.join(xs) + ' |'
-  lines = [fmt(head), fmt(['---'] * len(head))]
+  lines = ([f'**Toy data.** {note}', ''] if note else []) + [fmt(head), fmt(['---'] * len(head))]
   for m in board.models:
     row = [f'`{m}`']
     for c in board.columns:
@@ -112,20 +113,23 @@ def markdown(board: Board, published: bool = True) -> str:
             'that give every model the same score); never bold, never ranked.']
   others = [r for r in board.published if r['spec'] not in board.models]
   if others and published:
-    lines += ['', 'Published on the same columns (models not in this run):', '',
+    lines += ['', 'Published on the same columns (models not in this run' + ('; real data, NOT comparable with the '
+                                                                         'toy scores above' if note else '') + '):', '',
               fmt(['model', 'column', 'score', 'source']), fmt(['---'] * 4)]
     lines += [fmt([r['model'], f"{r['protocol']} {r['subset']}", f"{r['score']:.3f}", r['source']]) for r in others]
   return '\n'.join(lines) + '\n'
 
 
-def write(workdir: str, board: Board) -> str:
-  header = ['model']
+def write(workdir: str, board: Board, note: str = '') -> str:
+  """leaderboard.csv and .md (both carry `note`, the demo sets' toy-data caveat: a `data` column in the CSV); the
+  console text."""
+  header = ['model'] + (['data'] if note else [])
   for p, s in board.columns:
     header += [f'{p}/{s}', f'{p}/{s} ci_low', f'{p}/{s} ci_high', f'{p}/{s} n', f'{p}/{s} best',
                f'{p}/{s} published', f'{p}/{s} degenerate']
   rows = []
   for m in board.models:
-    row = [m]
+    row = [m] + (['toy demo sets, not comparable with published numbers'] if note else [])
     for c in board.columns:
       cell = board.cells.get((m, c))
       pub = [r['score'] for r in board.published if r['spec'] == m and (r['protocol'], r['subset']) == c]
@@ -139,6 +143,6 @@ def write(workdir: str, board: Board) -> str:
   buf = io.StringIO()
   csv.writer(buf, lineterminator='\n').writerows([header] + rows)
   ops.atomic_write_text(os.path.join(workdir, 'leaderboard.csv'), buf.getvalue())
-  ops.atomic_write_text(os.path.join(workdir, 'leaderboard.md'), markdown(board))
+  ops.atomic_write_text(os.path.join(workdir, 'leaderboard.md'), markdown(board, note=note))
   lines = degenerate_lines(board)
-  return markdown(board, published=False) + ''.join(line + '\n' for line in lines)
+  return markdown(board, published=False, note=note) + ''.join(line + '\n' for line in lines)

@@ -25,7 +25,7 @@ def _cell_text(cell, rank: float, tied: bool) -> str:
   return text + f"\nrank {'=' if tied else ''}{int(rank)}"
 
 
-def rank_heatmap(board, path: str) -> None:
+def rank_heatmap(board, path: str, note: str = '') -> None:
   ranks = board.ranks
   n_m, n_c = ranks.shape
   order = np.argsort(np.nanmean(np.where(np.isfinite(ranks), ranks, n_m + 1), axis=1), kind='stable')
@@ -67,5 +67,6 @@ def rank_heatmap(board, path: str) -> None:
     handles.append(Patch(facecolor=GREY, hatch='///', edgecolor='grey', label='degenerate (not ranked)'))
   ax.legend(handles=handles, loc='upper left', bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False,
             title='rank in column', title_fontsize=7)
-  ax.set_title('Leaderboard: score [95% interval] and rank per column (= : tied)', fontsize=9)
+  ax.set_title(('TOY DEMO DATA (simulated judges; not comparable with published numbers)\n' if note else '')
+               + 'Leaderboard: score [95% interval] and rank per column (= : tied)', fontsize=9)
   report.save_figure(fig, path)
