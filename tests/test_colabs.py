@@ -9,8 +9,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLABS = os.path.join(ROOT, 'colabs')
 # notebook -> the config files it needs
-NOTEBOOKS = {'adaptation': ['demo'], 'simnet': ['simnet_classes', 'simnet_warmup'], 'histograms': ['histograms'],
-             'twoafc': ['twoafc']}
+NOTEBOOKS = {'library': [], 'adaptation': ['demo'], 'simnet': ['simnet_classes', 'simnet_warmup'],
+             'histograms': ['histograms'], 'twoafc': ['twoafc'], 'leaderboard': ['benchmark'],
+             'learn_triplets': ['learn_triplets']}
 
 
 def test_notebooks_are_generated_and_cleared():

@@ -438,3 +438,13 @@ def test_every_source_is_well_formed():
     assert sources.MB.get(name, 0) > 0, name
     if src.convert == 'hf':
       assert [f.path for f in src.files[-1].candidates()] == list(sources.HF_WEIGHT_FILES), name
+
+
+def test_help_and_docs_agree_on_the_data_root():
+  """`fetch --help` (the module docstring) and docs/library.md give the same --root example and the folder it
+  fills (issue 33: they disagreed)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  doc = open(os.path.join(root, 'docs', 'library.md'), encoding='utf-8').read()
+  for text in (fetch.__doc__, doc):
+    line = next(l for l in text.splitlines() if 'python -m visim_jax.fetch nights --root=' in l)
+    assert '--root=~/data ' in line and '~/data/nights/' in line, line
