@@ -415,6 +415,9 @@ def test_fetch_takes_the_short_forms_vj_load_takes(tmp_path, monkeypatch):
   assert [fetch.canonical_name(n) for n in ('dreamsim', 'cosine:dinov2_b14', 'dinov2_b14', 'lpips', 'lpips:vgg',
                                             'nights')] == [
       'dreamsim_ensemble', 'dinov2_b14', 'dinov2_b14', 'lpips', 'lpips:vgg', 'nights']
+  from visim_jax import api
+  assert all(fetch.canonical_name(k) == api.resolve_spec(k).removeprefix('cosine:') for k in api.SHORT
+             if not k.startswith('lpips'))   # the same short forms as vj.load
   with pytest.raises(UserError, match='adapter: spec reads a trained workdir'):
     fetch.canonical_name('adapter:workdirs/demo')
   with pytest.raises(UserError, match='nonsense: unknown'):

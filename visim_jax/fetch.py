@@ -58,26 +58,25 @@ def remedy(name: str) -> str:
   return sources.remedy(name, _where(name))
 
 
+SHORT = {'dreamsim': 'dreamsim_ensemble'}   # visim_jax.load's short forms of weights names (api.SHORT; tested equal)
+
+
 def canonical_name(name: str) -> str:
   """A weights or data name as `visim_jax.load` takes it (short forms, `cosine:NAME`, aliases) -> the name fetched."""
   name = str(name).strip()
   if name in sources.DATA or name in PACKAGED or name in LPIPS_NAMES:
     return name
-  from visim_jax import api  # pylint: disable=g-import-not-at-top
+  kind, sep, rest = name.partition(':')
+  if sep and kind != 'cosine':
+    raise UserError(f'{name}: a {kind}: spec reads a trained workdir or a package, not a download; fetch its '
+                    f'backbone (`{command("NAME")}`) or give a backbone name')
+  target = (rest if sep else name).partition('@')[0].partition(':')[0]
+  from visim_jax.backbones import registry  # pylint: disable=g-import-not-at-top
   try:
-    spec = api.resolve_spec(name)
-  except UserError:
+    return registry.canonical(SHORT.get(target, target))
+  except ValueError:
     raise UserError(f'{name}: unknown; `{command("--list")}` lists weights and data names (a backbone name, '
                     'dreamsim, lpips or a cosine:NAME spec)') from None
-  kind, _, rest = spec.partition(':')
-  if kind == 'lpips':
-    return spec
-  target = rest.partition('@')[0].partition(':')[0]
-  if kind != 'cosine':
-    raise UserError(f'{name}: a {kind}: spec reads a trained workdir, not a download; fetch its backbone '
-                    f'(`{command("NAME")}`) or give a backbone name')
-  from visim_jax.backbones import registry  # pylint: disable=g-import-not-at-top
-  return registry.canonical(target)
 
 
 def weights_present(name: str) -> bool:
