@@ -129,12 +129,13 @@ def _get_one(f: sources.File, folder: str, what: str, progress: bool) -> str:
 
 def _get_all(src: sources.Source, folder: str, progress: bool) -> list[str]:
   """Every file of SRC under FOLDER; the paths written (in the order of src.files). Fails, leaving no folder
-  behind when nothing resumable (.part) was written, with the one remedy when the host cannot be reached."""
+  behind when it holds no file (a finished file or a resumable .part stays for the next call), with the one remedy
+  when the host cannot be reached."""
   existed = os.path.isdir(folder)
   try:
     return [_get_one(f, folder, command(src.name), progress) for f in src.files]
   except UserError as e:
-    if not existed and not any(n.endswith('.part') for _, _, files in os.walk(folder) for n in files):
+    if not existed and not any(files for _, _, files in os.walk(folder)):
       shutil.rmtree(folder, ignore_errors=True)
       _remove_empty_parents(folder)
     if _is(e, 'Unreachable', 'cannot connect'):
