@@ -8,9 +8,9 @@
 change of machine load during the run hits both sides alike; each callable must block until its result is
 computed (jax.block_until_ready / a NumPy result). Each timed call starts after a pause (PAUSE_S), so the worker
 threads of the side before have gone idle: OpenBLAS's spin for about 0.1 s after a call (measured: a jitted search
-timed right after NumPy's matmul took 1.3x the CPU time it took after a pause), OpenMP's for a while too. `compare` reports each side's median seconds (and items
-per second when `work` is given), the ratio reference / ours of the medians (> 1: ours is faster), and the
-spread: the smallest and largest ratio of the alternations' pairs. `load_average()` is the machine's 1, 5 and
+timed right after NumPy's matmul took 1.3x the CPU time it took after a pause), OpenMP's for a while too.
+`compare` reports each side's median seconds (and items per second when `work` is given), the ratio reference /
+ours of the medians (> 1: ours is faster), and the spread: the smallest and largest ratio of the alternations' pairs. `load_average()` is the machine's 1, 5 and
 15 minute load average (os.getloadavg) at the moment it is called: print it with every result. `row` makes
 the line benchmarks/run_all.py puts in its table (capability, ours, reference, ratio, spread, load average).
 """
