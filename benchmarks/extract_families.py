@@ -190,6 +190,8 @@ def bench(name, tmp, torch, tdev, tdtype):
   captured = {}
   modules = dict(model.named_modules())
   for ours_name, path in hooks.items():
+    if path not in modules and path.startswith('vision_model.'):
+      path = path[len('vision_model.'):]    # transformers 5's SiglipVisionModel holds the tower's modules directly
     modules[path].register_forward_hook(lambda m, i, o, k=ours_name: captured.__setitem__(k, o))
   xn = torch.from_numpy(np.asarray(bb.preprocess.normalise(x)).transpose(0, 3, 1, 2).copy())
 
