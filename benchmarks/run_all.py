@@ -36,6 +36,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -403,8 +404,8 @@ def main(argv=None):
                        f'(default {MAX_LOAD} on a CPU run, none with --gpu)')
   ap.add_argument('--write_contended', action='store_true',
                   help='write RESULTS.md even above --max_load (the section is then titled contended)')
-  ap.add_argument('--contended_json', default=os.path.join(HERE, 'results_contended.json'),
-                  help='where the JSON of a run over --max_load goes instead of --json_out')
+  ap.add_argument('--contended_json', default=os.path.join(tempfile.gettempdir(), 'visim_results_contended.json'),
+                  help='where the JSON of a run over --max_load goes instead of --json_out (outside the repository)')
   a = ap.parse_args(argv)
   if a.max_load is None and not a.gpu:
     a.max_load = MAX_LOAD
