@@ -353,11 +353,14 @@ def render(rows: list[dict], mach: dict, date: str, command: str, contended: flo
 
 
 def update_results(path: str, section: str, begin: str = BEGIN, end: str = END) -> None:
-  """Replaces the run_all section of `path` (or appends it), leaving the rest of the file as it was."""
+  """Replaces the run_all section of `path` (or appends it), leaving the rest of the file as it was. The markers
+  count only on lines of their own (the prose may name them in backticks)."""
+  import re  # pylint: disable=g-import-not-at-top
   text = open(path).read() if os.path.exists(path) else '# Benchmark results\n'
-  b, e = text.find(begin), text.find(end)
-  if b >= 0 and e > b:
-    text = text[:b] + section + text[e + len(end):]
+  mb = re.search(rf'^{re.escape(begin)}$', text, re.M)
+  me = re.search(rf'^{re.escape(end)}$', text[mb.end():], re.M) if mb else None
+  if mb and me:
+    text = text[:mb.start()] + section + text[mb.end() + me.end():]
   else:
     text = text.rstrip('\n') + '\n\n' + section + '\n'
   tmp = path + '.tmp'

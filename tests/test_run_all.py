@@ -101,3 +101,14 @@ def test_gpu_entry_without_its_packages_is_skipped_with_a_reason(tmp_path, monke
       '../shared/tools/device-wheels.sh)']
   assert json.loads(jsonl.read_text().splitlines()[0])['status'].startswith('skipped')
   assert 'skipped: the a_package' in (tmp_path / 'R.md').read_text()
+
+
+def test_results_section_is_found_on_its_own_line_not_in_the_prose(tmp_path):
+  path = tmp_path / 'RESULTS.md'
+  path.write_text(f'# R\n\nThe table goes between `{run_all.GPU_BEGIN}` and `{run_all.GPU_END}` below.\n\n'
+                  f'{run_all.GPU_BEGIN}\nold table\n{run_all.GPU_END}\n\nafter\n')
+  run_all.update_results(str(path), f'{run_all.GPU_BEGIN}\nnew table\n{run_all.GPU_END}', run_all.GPU_BEGIN,
+                         run_all.GPU_END)
+  text = path.read_text()
+  assert 'old table' not in text and 'new table' in text and 'after' in text
+  assert f'The table goes between `{run_all.GPU_BEGIN}` and `{run_all.GPU_END}` below.' in text
