@@ -218,3 +218,23 @@ def forward(apply_fn: Callable, variables: Mapping, lora, cfg: Config, x, key: j
 def count(lora) -> int:
   """Trainable LoRA parameters."""
   return int(sum(x.size for x in jax.tree.leaves(lora)))
+
+
+def to_arrays(lora) -> dict:
+  """The LoRA tree as flat {'<module path>/a': array, '<module path>/b': array} (np.savez keys: a LoRA-only
+  checkpoint holds these and the Config, nothing of the base)."""
+  return {f'{path}/{k}': v for path, e in lora.items() for k, v in e.items()}
+
+
+def from_arrays(arrays: Mapping[str, Any]) -> dict:
+  """Inverse of to_arrays; refuses keys that are not '<module path>/a' or '/b', or an entry lacking one."""
+  out: dict = {}
+  for key, v in arrays.items():
+    path, _, k = key.rpartition('/')
+    if k not in ('a', 'b') or not path:
+      raise UserError(f'lora arrays: unexpected key {key!r} (expected <module path>/a and <module path>/b)')
+    out.setdefault(path, {})[k] = jnp.asarray(v)
+  bad = sorted(p for p, e in out.items() if set(e) != {'a', 'b'})
+  if bad:
+    raise UserError(f'lora arrays: {bad[:3]} lack a or b')
+  return out
