@@ -173,7 +173,6 @@ def _check_arch(name: str, folder: str, want: dict, cfg: dict) -> None:
                       f'{cfg[k]!r}, {name} expects {want[k]!r}')
 
 
-
 # ------------------------------------------------------------------------------------------------- the backbone
 
 def torch_bicubic_matrix(n_in: int, n_out: int, a: float = -0.75, scale_factor: float | None = None) -> np.ndarray:
