@@ -82,7 +82,7 @@ def test_full_size_parity_with_transformers_pytorch(name, tmp_path):
   with weights_lib.shapes_only():  # the backbone's apply / preprocess without drawing weights it would replace
     b = get_backbone(name, random_init=0)
   b = dataclasses.replace(b, variables=variables)
-  final, stages, want = run_both(b, _reference_stages(ref, family), b.preprocess.size, n=2)
+  final, stages, want = run_both(b, _reference_stages(ref, family), b.preprocess.size, n=1)
   assert sorted(stages) == sorted(want)
   scale = np.abs(want['pooled']).max()
   np.testing.assert_allclose(final, want['pooled'], rtol=0, atol=1e-5 * scale, err_msg=name)
