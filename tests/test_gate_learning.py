@@ -163,13 +163,14 @@ def test_the_defaults_learn_on_real_features(tmp_path):
   on EfficientNet-Lite0 features of the packaged photos, AlexNet (packaged weights) as teacher."""
   c = cfg.get_config()
   d = cfg.get_config()
-  c.teacher.backbone, c.demo.n_pairs, c.cache_dir, c.plots = 'alexnet', 16, str(tmp_path / 'cache'), False
-  c.triplets.update({'n_train': 2000, 'n_val': 400, 'clusters': 4, 'val_fraction': 0.25})   # 8 held-out images
-  c.batch_size, c.steps, c.warmup, c.eval_every, c.checkpoint_every, c.lr, c.weight_decay = 32, 40, 5, 20, 40, 3e-3, 0.
+  c.teacher.backbone, c.demo.n_pairs, c.cache_dir, c.plots = 'alexnet', 48, str(tmp_path / 'cache'), False
+  c.triplets.update({'n_train': 2000, 'n_val': 400, 'clusters': 4, 'val_fraction': 0.25})   # 24 held-out images
+  c.batch_size, c.steps, c.warmup, c.eval_every, c.checkpoint_every, c.lr, c.weight_decay = 128, 100, 10, 50, 100, \
+      3e-3, 0.   # measured (2026-11-26, load 15): frozen 0.780 -> trained 0.8925; cosine at tau 100: 0.820
   assert (c.head, c.size, c.loss, c.similarity, c.tau, c.target_tau, c.teacher.similarity) == \
          (d.head, d.size, d.loss, d.similarity, d.tau, d.target_tau, d.teacher.similarity)
   m = lt.run(c, str(tmp_path / 'w'), progress=False)
   r = m['results']
-  assert m['backbone'] == 'efficientnet_lite0' and m['n_images'] == 32
-  assert r['trained']['accuracy'] > max(r['frozen']['accuracy'], r['untrained']['accuracy']) + 0.02, r
+  assert m['backbone'] == 'efficientnet_lite0' and m['n_images'] == 96
+  assert r['trained']['accuracy'] > max(r['frozen']['accuracy'], r['untrained']['accuracy']) + 0.05, r
   assert r['trained']['loss'] < r['untrained']['loss'] - 0.01, r
