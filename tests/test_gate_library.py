@@ -122,3 +122,35 @@ def test_lpips_pairs_of_different_counts(tmp_path):
   line = refused(lambda: model.distance(a, b), 'img0 has 2 images, img1 3')
   assert 'resize' not in line
   refused(lambda: model.distance(np.full((64, 64, 3), np.nan, np.float32), a[0]), 'NaN')
+
+
+# ------------------------------------------------------------------------------------------- the older battery
+
+def test_dreamsim_pos_embed_of_another_form_is_refused():
+  from visim_jax.backbones import dreamsim
+  for bad in (np.zeros(768, np.float32), np.zeros((1, 1, 8), np.float32), np.zeros((1, 6, 8), np.float32),
+              np.zeros((2, 5, 8), np.float32)):
+    refused(lambda: dreamsim.resize_pos_embed(bad, 4, 0.1, '/d/dinov2.pth'), '/d/dinov2.pth', 'pos_embed')
+  ok = np.random.default_rng(0).standard_normal((1, 17, 8)).astype(np.float32)
+  assert dreamsim.resize_pos_embed(ok, 4, 0.1).shape == (1, 17, 8)
+
+
+@pytest.mark.parametrize('experiment,wrote', [('nights_adapt', 'triplet_head.npz'), ('nights_adapt', 'adapter.npz'),
+                                              ('learn_triplets', 'head.npz')])
+def test_export_names_the_file_the_run_wrote(tmp_path, experiment, wrote):
+  from visim_jax.training import adapter_file
+  (tmp_path / 'checkpoints').mkdir()
+  (tmp_path / 'metrics.json').write_text(json.dumps({'experiment': experiment}))
+  (tmp_path / wrote).write_bytes(b'x')
+  line = refused(lambda: adapter_file.from_workdir(str(tmp_path)), f'a {experiment} workdir', wrote)
+  assert line.count('.npz') == 1
+
+
+def test_header_only_things_file_is_one_line(tmp_path, capfd):
+  from PIL import Image
+  from visim_jax.data import things
+  for i in range(3):
+    Image.new('RGB', (8, 8)).save(tmp_path / f'{i}.png')
+  (tmp_path / 't.csv').write_text('image1\timage2\timage3\tchoice\tRT\tnoise_ceiling\n')
+  refused(lambda: things.load(str(tmp_path), str(tmp_path / 't.csv')), 't.csv')
+  assert capfd.readouterr().err == ''
