@@ -36,6 +36,19 @@ class Lying:
       def log_message(self, *args):
         pass
 
+      def do_HEAD(self):  # pylint: disable=invalid-name  (huggingface_hub's metadata: commit, ETag = LFS sha256)
+        path = urllib.parse.urlsplit(self.path).path
+        body, mode = srv.files.get(path), srv.modes.get(path, '')
+        if body is None:
+          self.send_error(404)
+          return
+        sha = hashlib.sha256(body if mode != 'hf_wrong_sha' else b'another file').hexdigest()
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(body)))
+        self.send_header('X-Repo-Commit', '1' * 40)
+        self.send_header('ETag', f'"{sha}"')
+        self.end_headers()
+
       def do_GET(self):  # pylint: disable=invalid-name
         path = urllib.parse.urlsplit(self.path).path
         srv.requests.append((path, self.headers.get('Range'), self.headers.get('If-Range')))
@@ -283,3 +296,18 @@ def test_gzip_stream_check(tmp_path):
   cut = tmp_path / 'b.tar.gz'
   cut.write_bytes(good.read_bytes()[:5000])
   assert 'stops before its end' in formats.format_problem(str(cut))
+
+
+def test_hugging_face_files_through_huggingface_hub_with_their_sha256(lying, tmp_path, monkeypatch):
+  import huggingface_hub.constants
+  monkeypatch.setattr(huggingface_hub.constants, 'HF_HUB_CACHE', str(tmp_path / 'hf'))
+  url = 'https://huggingface.co/org/model/resolve/main/config.json'
+  lying.put(url, b'{"hidden_size": 8}')
+  dest = tmp_path / 'w' / 'config.json'
+  download.download(url, str(dest), progress=False)
+  assert dest.read_bytes() == b'{"hidden_size": 8}'
+  url = 'https://huggingface.co/org/model/resolve/main/model.safetensors'
+  lying.put(url, b'\0' * 64, 'hf_wrong_sha')   # the body is not the file its LFS ETag names
+  refused(lambda: download.download(url, str(tmp_path / 'w' / 'model.safetensors'), progress=False),
+          'not its LFS ETag', 'removed')
+  assert not (tmp_path / 'w' / 'model.safetensors').exists()
