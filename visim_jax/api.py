@@ -132,6 +132,8 @@ class Model:
     else:
       from visim_jax.models import lpips  # pylint: disable=g-import-not-at-top
       x0, x1 = _lpips_batch(img0, 'img0'), _lpips_batch(img1, 'img1')
+      if len(x0) != len(x1):
+        raise UserError(f'{WHERE}: img0 has {len(x0)} images, img1 {len(x1)}: give pairs')
       if x0.shape != x1.shape:
         raise UserError(f'{WHERE}: img0 {x0.shape} and img1 {x1.shape} differ: LPIPS compares same-size images '
                         '(resize them first)')
@@ -191,6 +193,9 @@ def _as_items(images, what: str) -> tuple[list, bool]:
     return [images], True
   if isinstance(images, np.ndarray) or hasattr(images, '__array__') and not isinstance(images, (list, tuple)):
     a = np.asarray(images)
+    if a.ndim in (3, 4) and a.shape[-1] in (3, 4) and 0 in a.shape[-3:-1]:
+      raise UserError(f'{WHERE}: {what}: an image of {a.shape[-3]} x {a.shape[-2]} pixels (shape {a.shape}); give '
+                      'images with pixels')
     if a.ndim == 3 and a.shape[-1] in (3, 4):
       return [_check_array(a, what)], True
     if a.ndim == 4 and a.shape[-1] in (3, 4):
@@ -247,13 +252,28 @@ def load(spec: str, *, fetch: bool = True, batch_size: int = 32, dtype: str = 'f
   """The model SPEC names (module docstring), its weights fetched and converted once when missing (fetch=False:
   never download; the error names the command)."""
   from visim_jax.zoo import interface, similarity  # pylint: disable=g-import-not-at-top
-  spec = resolve_spec(spec)
+  try:
+    spec = resolve_spec(spec)
+  except UserError as e:
+    raise UserError(_library_words(str(e))) from None
   name = _backbone_of(spec)
   if fetch and name is not None:
     from visim_jax import fetch as fetch_lib  # pylint: disable=g-import-not-at-top
     fetch_lib.ensure_weights(name, progress=True)
   if dtype not in ('float32', 'bfloat16'):
     raise UserError(f"{WHERE}: dtype={dtype!r}; 'float32' or 'bfloat16'")
-  sim = similarity.build(spec, interface.Options(cache_dir=None, batch_size=batch_size, dtype=dtype,
-                                                  progress=progress))
+  if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 2**16:
+    raise UserError(f'{WHERE}: batch_size={batch_size!r}; an integer in 1..65536 (images per forward pass)')
+  try:
+    sim = similarity.build(spec, interface.Options(cache_dir=None, batch_size=batch_size, dtype=dtype,
+                                                    progress=progress))
+  except UserError as e:   # the zoo speaks of config.models (the command line); here the argument is the spec
+    raise UserError(_library_words(str(e))) from None
   return Model(spec, sim, batch_size, dtype, progress)
+
+
+def _library_words(msg: str) -> str:
+  """A zoo error in the library's words: `visim_jax.load: <spec>: ...` instead of `config.models: <spec>: ...`."""
+  from visim_jax.zoo import interface  # pylint: disable=g-import-not-at-top
+  head = f'{interface.FIELD}: '
+  return f'{WHERE}: ' + msg[len(head):] if msg.startswith(head) else msg
