@@ -78,7 +78,8 @@ def twoafc_task(protocol: str, subset: str, s) -> Task:
     from visim_jax.metrics import human
     d0 = _pairs(sim, feats, ref, p0, opts, f'{subset} d(ref, p0)')
     d1 = _pairs(sim, feats, ref, p1, opts, f'{subset} d(ref, p1)')
-    return {subset: human.twoafc_interval(d0, d1, s.judge, **_ci(opts))}
+    return {subset: {**human.twoafc_interval(d0, d1, s.judge, **_ci(opts)), 'items': {  # paired tests
+        'kind': '2afc', 'd0': d0.tolist(), 'd1': d1.tolist(), 'judge': np.asarray(s.judge, float).tolist()}}}
   return Task(protocol, subset, paths, [ref, p0, p1, np.asarray(s.judge)], score)
 
 
@@ -89,7 +90,8 @@ def jnd_task(subset: str, s) -> Task:
   def score(sim, feats, opts):
     from visim_jax.metrics import human
     d = _pairs(sim, feats, p0, p1, opts, f'{subset} d(p0, p1)')
-    return {subset: human.jnd_interval(d, s.same, **_ci(opts))}
+    return {subset: {**human.jnd_interval(d, s.same, **_ci(opts)),
+                     'items': {'kind': 'jnd', 'd': d.tolist(), 'same': np.asarray(s.same, float).tolist()}}}
   return Task('bapps_jnd', subset, paths, [p0, p1, np.asarray(s.same)], score)
 
 
@@ -101,7 +103,9 @@ def odd_one_out_task(subset: str, s) -> Task:
     from visim_jax.metrics import human
     pairs = ((0, 1), (0, 2), (1, 2))
     d = np.stack([_pairs(sim, feats, rows[:, a], rows[:, b], opts, f'{subset} pair {a}{b}') for a, b in pairs], 1)
-    return {subset: human.odd_one_out_interval(d, s.odd, opts.things_ties, **_ci(opts))}
+    values = np.asarray(human.odd_one_out_correct(d, s.odd, opts.things_ties)).tolist()
+    return {subset: {**human.odd_one_out_interval(d, s.odd, opts.things_ties, **_ci(opts)),
+                     'items': {'kind': 'mean', 'values': values}}}
   return Task('things', subset, paths, [rows, np.asarray(s.odd)], score)
 
 
