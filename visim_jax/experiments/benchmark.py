@@ -174,7 +174,12 @@ def _cells(config, workdir, specs, protocols, models, record, progress, t0) -> d
         key = (sim.feature_key, pre.describe().__repr__(), tuple(task.paths))
         if key not in memo:
           memo[key] = sim.featurize(task.paths, f'{protocol}-{task.subset}', pre)
-        res.update(task.score(sim, memo[key], sopts))
+        try:
+          res.update(task.score(sim, memo[key], sopts))
+        except UserError as e:   # a metric that does not apply to these images (MS-SSIM below 161 px): not scored
+          if sim.kind not in interface.METRIC_KINDS:
+            raise
+          res[task.subset] = degenerate.result(f'not applicable: {e}', 0)
       timing[f'{spec} / {protocol}'] = time.time() - t1
       computed += 1
       record.write()
