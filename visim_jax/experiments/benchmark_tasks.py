@@ -118,7 +118,11 @@ def tll_task(pairs) -> Task:
     from visim_jax.metrics import retrieval
     left = scoring.take_rows(feats, np.arange(n))
     right = scoring.take_rows(feats, np.arange(n, 2 * n))
-    return retrieval.asymmetric_recall_intervals(-scoring.distance_matrix(sim, left, right), opts.ks, **_ci(opts))
+    s = -scoring.distance_matrix(sim, left, right)
+    out = retrieval.asymmetric_recall_intervals(s, opts.ks, **_ci(opts))
+    best = np.minimum(*(np.asarray(r) for r in retrieval.partner_ranks(jnp.asarray(s))))   # per pair: paired tests
+    return {c: {**cell, 'items': {'kind': 'mean', 'values': (best <= int(c[3:])).astype(float).tolist()}}
+            for c, cell in out.items()}
   return Task('tll', 'aR@k', paths, [np.asarray([n])], score)
 
 
@@ -135,7 +139,8 @@ def cosis_task(subset: str, t, paths_of: dict) -> Task:
     scores = np.asarray(twoafc.score(-jnp.asarray(da), -jnp.asarray(db), jnp.asarray(t.a_closer)))
     sm = twoafc.summary(scores, t.ref, opts.n_boot, opts.alpha, opts.seed)
     cell = {'score': sm['accuracy'], 'ci_low': sm['ci_low'], 'ci_high': sm['ci_high'], 'n': sm['n_triplets']}
-    return {subset: {**cell, **({'degenerate': sm['degenerate']} if 'degenerate' in sm else {})}}
+    items = {'kind': 'mean', 'values': scores.astype(float).tolist(), 'clusters': np.asarray(t.ref).tolist()}
+    return {subset: {**cell, **({'degenerate': sm['degenerate']} if 'degenerate' in sm else {}), 'items': items}}
   return Task('cosis', subset, paths, [ref, a, b, t.a_closer], score)
 
 
@@ -145,7 +150,10 @@ def classes_task(data) -> Task:
   def score(sim, feats, opts):
     from visim_jax.metrics import map as map_lib
     s = -scoring.distance_matrix(sim, feats, feats)
-    return {'mAP': map_lib.leave_one_out_interval(s, labels, opts.ks, **_ci(opts))}
+    pos, junk = map_lib.label_masks(labels, labels, np.arange(len(labels)))
+    ap = np.asarray(map_lib.summarise(s, pos, junk, opts.ks)['ap'], np.float64)   # per query: paired tests
+    return {'mAP': {**map_lib.leave_one_out_interval(s, labels, opts.ks, **_ci(opts)),
+                    'items': {'kind': 'mean', 'values': ap[np.isfinite(ap)].tolist()}}}
   return Task('classes', 'mAP', list(data.paths), [labels], score)
 
 
