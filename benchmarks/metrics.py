@@ -47,6 +47,7 @@ def _local(name):
 
 def piq_psnr():
   """piq.psnr without piq/__init__ (it imports torchvision for other metrics)."""
+  import importlib  # pylint: disable=g-import-not-at-top
   import importlib.util  # pylint: disable=g-import-not-at-top
   spec = importlib.util.find_spec('piq')
   if spec is None:
@@ -56,8 +57,7 @@ def piq_psnr():
   saved = sys.modules.get('piq')
   sys.modules['piq'] = pkg
   try:
-    import piq.psnr  # pylint: disable=g-import-not-at-top
-    return sys.modules['piq.psnr'].psnr
+    return importlib.import_module('piq.psnr').psnr
   finally:
     if saved is None:
       sys.modules.pop('piq', None)

@@ -2,8 +2,8 @@
 1.0.0 (SSIM, MS-SSIM), piq 0.8.0 (SSIM with its downsampling, MS-SSIM, PSNR), scikit-image (structural_similarity,
 peak_signal_noise_ratio, rgb2lab: the LPIPS paper's Lab SSIM / L2 baselines), on the packaged photos and distorted
 copies, several sizes, float32 and uint8 inputs."""
+import importlib
 import importlib.util
-import os
 import sys
 import types
 
@@ -29,11 +29,9 @@ def _piq():
   pkg.__path__ = list(spec.submodule_search_locations)
   sys.modules['piq'] = pkg
   try:
-    import piq.ms_ssim  # noqa: F401  pylint: disable=g-import-not-at-top
-    import piq.psnr  # noqa: F401  pylint: disable=g-import-not-at-top
-    import piq.ssim  # noqa: F401  pylint: disable=g-import-not-at-top
-    return types.SimpleNamespace(ssim=sys.modules['piq.ssim'].ssim, psnr=sys.modules['piq.psnr'].psnr,
-                                 ms_ssim=sys.modules['piq.ms_ssim'].multi_scale_ssim)
+    mods = {m: importlib.import_module(f'piq.{m}') for m in ('ssim', 'psnr', 'ms_ssim')}
+    return types.SimpleNamespace(ssim=mods['ssim'].ssim, psnr=mods['psnr'].psnr,
+                                 ms_ssim=mods['ms_ssim'].multi_scale_ssim)
   finally:
     if saved is None:
       sys.modules.pop('piq', None)

@@ -3,7 +3,6 @@ every kind of the zoo (these and cosine / LPIPS): a pair scores the same alone, 
 leaderboard's padded batches, and on 1 and 8 devices (a subprocess with 8 fake CPU devices)."""
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
