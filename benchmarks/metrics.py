@@ -84,6 +84,15 @@ def dists_reference(model, torch):
   return ref.eval()
 
 
+def random_pairs(size: int, n: int, seed: int = 0):
+  """n uint8 pairs: smooth random images (bilinearly upsampled noise) and noisy copies."""
+  rng = np.random.default_rng(seed)
+  base = rng.integers(0, 256, (n, size // 8 + 1, size // 8 + 1, 3)).astype(np.float32)
+  a = np.asarray(jax.image.resize(base, (n, size, size, 3), 'bilinear'))
+  b = a + rng.normal(0, 12, a.shape)
+  return np.clip(a, 0, 255).astype(np.uint8), np.clip(b, 0, 255).astype(np.uint8)
+
+
 def sides(metric: str, tdev: str, torch):
   """(ours(u0, u1) -> np (B,), reference(t0, t1) -> np (B,)) for one metric; u uint8 NHWC, t float NCHW [0, 1]."""
   from visim_jax.models import classical as C  # pylint: disable=g-import-not-at-top
@@ -119,6 +128,12 @@ def main(argv=None) -> dict:
   inter = _local('interleaved')
   prec = _local('precision').apply()
   pairs_of = _local('lpips').pairs_of
+  try:
+    import skimage  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    images = 'packaged photos (benchmarks/lpips.py pairs_of)'
+  except ImportError:   # a bare GPU image: structured random pairs instead (same on both sides)
+    images = 'random (scikit-image not installed)'
+    pairs_of = random_pairs
   tdev = 'cuda' if torch.cuda.is_available() else 'cpu'
   print(f'[metrics] {a.metrics} at {a.size} px, torch on {tdev}, precision {prec["name"]}', file=sys.stderr,
         flush=True)
@@ -160,7 +175,7 @@ def main(argv=None) -> dict:
          'machine': {'jax_device': jax.devices()[0].device_kind, 'cpus': os.cpu_count(), 'torch': torch.__version__,
                      'torch_threads': torch.get_num_threads(), 'jax': jax.__version__,
                      'platform': platform.platform(), 'load_average': inter.load_average()},
-         'precision': prec, 'torch_device': tdev, 'results': results, 'rows': rows}
+         'precision': prec, 'torch_device': tdev, 'images': images, 'results': results, 'rows': rows}
   text = json.dumps(out, indent=2)
   print(text)
   if a.out:
