@@ -43,7 +43,7 @@ from visim_jax.core.errors import UserError
 
 WHERE = 'visim_jax.load'
 SHORT = {'dreamsim': 'cosine:dreamsim_ensemble', 'lpips': 'lpips:alex', 'lpips_alex': 'lpips:alex',
-         'lpips_vgg': 'lpips:vgg'}
+         'lpips_vgg': 'lpips:vgg', **{m: m for m in ('psnr', 'ssim', 'ms_ssim', 'l1', 'l2', 'dists')}}
 
 
 def resolve_spec(spec: str) -> str:
@@ -98,7 +98,7 @@ class Model:
     sim = self.similarity
     if self.is_embedding:
       return {'backbone': sim.backbone.variables, 'head': sim.params}
-    return sim.params.params
+    return getattr(sim.params, 'params', sim.params)   # LPIPS / DISTS parameters; None for the pixel metrics
 
   def __repr__(self) -> str:
     return f'visim_jax.Model({self.spec!r}, kind={self.kind!r})'
@@ -137,8 +137,9 @@ class Model:
       if x0.shape != x1.shape:
         raise UserError(f'{WHERE}: img0 {x0.shape} and img1 {x1.shape} differ: LPIPS compares same-size images '
                         '(resize them first)')
-      d = np.concatenate([np.asarray(lpips.lpips_distance(sim.params, x0[s:s + self.batch_size],
-                                                          x1[s:s + self.batch_size]))
+      fn = ((lambda a, b: lpips.lpips_distance(sim.params, a, b)) if self.kind == 'lpips' else  # metrics (docs/metrics.md)
+            (lambda a, b: scoring._jitted(sim.distance)(sim.params, a, b)))  # pylint: disable=protected-access
+      d = np.concatenate([np.asarray(fn(x0[s:s + self.batch_size], x1[s:s + self.batch_size]))
                           for s in range(0, len(x0), self.batch_size)]) if len(x0) else np.zeros(0, np.float32)
     return float(d[0]) if single0 and single1 else d
 
@@ -151,7 +152,7 @@ class Model:
     sim = self.similarity
     x = lpips.as_unit_range(x, 'x', WHERE)
     if not self.is_embedding:
-      return lpips.embed(params, x)
+      return lpips.embed(params, x) if self.kind == 'lpips' else x   # the metrics compare the images themselves
     from visim_jax.backbones import features  # pylint: disable=g-import-not-at-top
     size = sim.preprocess.size
     if tuple(x.shape[1:3]) != (size, size):
@@ -166,6 +167,8 @@ class Model:
     """Pure: (N,) distances between float NHWC batches in [0, 1] (see `apply`); a training loss."""
     from visim_jax.models import lpips  # pylint: disable=g-import-not-at-top
     if not self.is_embedding:
+      if self.kind != 'lpips':   # psnr, ssim, ms_ssim, l1, l2, dists
+        return self.similarity.distance(params, self.apply(params, x0), self.apply(params, x1))
       return lpips.distance(params, self.apply(params, x0), self.apply(params, x1))
     return self.similarity.distance(params['head'], self.apply(params, x0), self.apply(params, x1))
 
