@@ -37,12 +37,20 @@ class Server:
         etag = '"' + hashlib.sha256(body).hexdigest() + '"' if body is not None else None
         return body, etag
 
+      def _not_found(self, path):
+        """404; a missing file of a Hugging Face repository as the Hub answers it (X-Error-Code: EntryNotFound)."""
+        self.send_response(404)
+        if path.startswith('/huggingface.co/'):
+          self.send_header('X-Error-Code', 'EntryNotFound')
+        self.send_header('Content-Length', '0')
+        self.end_headers()
+
       def do_HEAD(self):  # pylint: disable=invalid-name  (huggingface_hub's metadata request)
         path = urllib.parse.urlsplit(self.path).path
         server.requests.append((path, 'HEAD'))
         body, etag = self._head(path)
         if body is None:
-          self.send_error(404)
+          self._not_found(path)
           return
         self.send_response(200)
         self.send_header('Content-Length', str(len(body)))
@@ -55,7 +63,7 @@ class Server:
         server.requests.append((path, self.headers.get('Range')))
         body, etag = self._head(path)
         if body is None:
-          self.send_error(404)
+          self._not_found(path)
           return
         mode = server.modes.get(path, '')
         start = 0
@@ -385,7 +393,7 @@ def test_hf_sources_fall_back_to_the_files_their_repository_holds(server, tmp_pa
   folder = str(tmp_path / 'weights' / name)
   assert out == f'{name}: {folder}'
   got = sorted(os.listdir(folder))
-  requested = [p.rsplit('/', 1)[-1] for p, _ in server.requests]
+  requested = list(dict.fromkeys(p.rsplit('/', 1)[-1] for p, _ in server.requests))   # HEAD + GET: once each
   assert requested[:2] == ['config.json', 'model.safetensors']   # the preferred name first: 404
   if 'flax_model.msgpack' in HF_LAYOUTS[name]:
     assert got == ['config.json', 'flax_model.msgpack'] and 'pytorch_model.bin' not in requested
@@ -418,7 +426,7 @@ def test_open_clip_names_as_open_clip_tries_them(server, tmp_path, monkeypatch, 
                       {'out': str(tmp_path / 'weights' / f'{n}.safetensors')})
   fetch.fetch_weights(name, progress=False)
   assert seen == [(name, str(tmp_path / 'weights' / '.downloads' / name / held))]
-  requested = [p.rsplit('/', 1)[-1] for p, _ in server.requests]
+  requested = list(dict.fromkeys(p.rsplit('/', 1)[-1] for p, _ in server.requests))   # HEAD + GET: once each
   assert requested == (['open_clip_model.safetensors'] if held.endswith('safetensors') else
                        ['open_clip_model.safetensors', 'open_clip_pytorch_model.bin'])
 
@@ -445,7 +453,7 @@ def test_fetch_takes_the_short_forms_vj_load_takes(tmp_path, monkeypatch):
       'dreamsim_ensemble', 'dinov2_b14', 'dinov2_b14', 'lpips', 'lpips:vgg', 'nights']
   from visim_jax import api
   assert all(fetch.canonical_name(k) == api.resolve_spec(k).removeprefix('cosine:') for k in api.SHORT
-             if not k.startswith('lpips'))   # the same short forms as vj.load
+             if api.resolve_spec(k).startswith('cosine:'))   # the same short forms as vj.load
   with pytest.raises(UserError, match='adapter: spec reads a trained workdir'):
     fetch.canonical_name('adapter:workdirs/demo')
   with pytest.raises(UserError, match='nonsense: unknown'):

@@ -28,6 +28,7 @@ one line names this command, the folder it writes and the download size, to run 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 
@@ -107,10 +108,16 @@ def _staging(name: str) -> str:
   return os.path.join(weights_lib.weights_dir(), '.downloads', name)
 
 
-def _is(e: UserError, cls: str, text: str) -> bool:
-  """download.py's NotFound / Unreachable when it has them, else its message (hub/download.py words)."""
+_WORDS = {  # hub/download.py's words for each failure (its own urllib path; huggingface_hub's errors by class name)
+    'NotFound': re.compile(r'HTTP 404|(?<!Local)EntryNotFoundError'),
+    'Unreachable': re.compile(r'cannot connect|LocalEntryNotFoundError|ConnectionError|ConnectTimeout'),
+}
+
+
+def _is(e: UserError, cls: str) -> bool:
+  """download.py's NotFound / Unreachable when it has them, else its message (_WORDS)."""
   kind = getattr(download, cls, None)
-  return isinstance(e, kind) if isinstance(kind, type) else text in str(e)
+  return isinstance(e, kind) if isinstance(kind, type) else bool(_WORDS[cls].search(str(e)))
 
 
 def _get_one(f: sources.File, folder: str, what: str, progress: bool) -> str:
@@ -120,7 +127,7 @@ def _get_one(f: sources.File, folder: str, what: str, progress: bool) -> str:
     try:
       return download.download(c.url, os.path.join(folder, c.path), c.sha256, c.size, what=what, progress=progress)
     except UserError as e:
-      if len(candidates) == 1 or not _is(e, 'NotFound', 'HTTP 404'):
+      if len(candidates) == 1 or not _is(e, 'NotFound'):
         raise
       tried.append(c.url.rsplit('/', 1)[-1])
   raise UserError(f'{f.url.rsplit("/", 1)[0]}: none of {", ".join(tried)} is there (HTTP 404 for each): the '
@@ -138,10 +145,10 @@ def _get_all(src: sources.Source, folder: str, progress: bool) -> list[str]:
     if not existed and not any(files for _, _, files in os.walk(folder)):
       shutil.rmtree(folder, ignore_errors=True)
       _remove_empty_parents(folder)
-    if _is(e, 'Unreachable', 'cannot connect'):
-      host = str(e).split(': cannot connect')[0]
-      reason = str(e).partition('cannot connect')[2].partition(';')[0].strip(' ()')
-      raise UserError(f'{src.name}: cannot reach {host} ({reason}): run {remedy(src.name)} where the network is '
+    if _is(e, 'Unreachable'):
+      url, _, reason = str(e).partition(': ')
+      reason = reason.removeprefix('cannot connect').partition(';')[0].strip(' ()')[:120]
+      raise UserError(f'{src.name}: cannot reach {url} ({reason}): run {remedy(src.name)} where the network is '
                       f'allowed, then copy it into {os.path.dirname(_where(src.name).rstrip(os.sep))} here'
                       ) from None
     raise
@@ -274,7 +281,7 @@ def fetch_data(name: str, root: str, progress: bool = True, keep: bool = False) 
       for p in reversed(made):   # a refused download leaves no empty folder behind
         if os.path.isdir(p) and not os.listdir(p):
           os.rmdir(p)
-      if _is(e, 'Unreachable', 'cannot connect'):
+      if _is(e, 'Unreachable'):
         raise UserError(f'{name}: cannot reach {f.url.split("/")[2]}: run `{command(name)} --root={root}` where the '
                         f'network is allowed ({sources.size_text(name)}), then copy {root} here') from None
       raise
