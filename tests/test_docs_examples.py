@@ -18,6 +18,12 @@ SKIP = re.compile(r'<!--\s*example:\s*not run:\s*(.*?)\s*-->\s*$')
 
 # (doc, index of the ```python block in it) -> the code that defines what the surrounding text says it uses
 SETUP = {
+    ('metrics.md', 0): '''
+import numpy as np
+rng = np.random.default_rng(0)
+batch0, batch1 = rng.integers(0, 256, (2, 2, 64, 64, 3), dtype=np.uint8)   # two NHWC uint8 batches
+x, y = batch0.astype(np.float32) / 255, batch1.astype(np.float32) / 255    # float [0, 1] NHWC
+''',
     ('search.md', 0): '''
 import numpy as np
 from visim_jax.backbones import get_backbone
