@@ -19,7 +19,7 @@ from visim_jax.core.errors import UserError
 from visim_jax.data.preprocess import Preprocess
 
 
-KINDS = ('cosine', 'adapter', 'simnet', 'context', 'lpips', 'triplets')
+KINDS = ('cosine', 'adapter', 'simnet', 'context', 'lpips', 'triplets', 'tuned')
 LPIPS_NETS = ('alex', 'vgg')
 FIELD = 'config.models'
 
