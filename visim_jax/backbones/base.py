@@ -13,11 +13,15 @@ A backbone is a frozen network plus what is needed to feed it and read it:
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+import functools
 import hashlib
 import os
 from typing import Any, Callable, Mapping, Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -75,3 +79,29 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
       h.update(block)
   return h.hexdigest()
 
+
+# Rematerialisation per block (training/tower_step.py, Hparams.remat): inside `remat_blocks()`, the families that
+# build their blocks through `block_class(Block)` (vit.py: vit / dino / openclip / DreamSim towers; siglip.py;
+# resnet.py, bit.py, clip_resnet.py, efficientnet.py, efficientnet_lite.py) wrap each block in flax's nn.remat when the function is
+# traced: the backward pass recomputes a block's activations from its input instead of keeping them. The parameter
+# tree and the numbers are unchanged. (AlexNet and VGG have no blocks: their few layers are kept.)
+_REMAT = contextvars.ContextVar('visim_jax_remat_blocks', default=False)
+
+
+@contextlib.contextmanager
+def remat_blocks(on: bool = True):
+  token = _REMAT.set(bool(on))
+  try:
+    yield
+  finally:
+    _REMAT.reset(token)
+
+
+@functools.lru_cache(maxsize=None)
+def _remat(cls):
+  return nn.remat(cls)
+
+
+def block_class(cls):
+  """`cls`, or nn.remat(cls) inside remat_blocks() (read at trace time)."""
+  return _remat(cls) if _REMAT.get() else cls

@@ -40,7 +40,7 @@ import numpy as np
 
 from visim_jax.backbones import resnet
 from visim_jax.backbones import weights as weights_lib
-from visim_jax.backbones.base import Backbone
+from visim_jax.backbones.base import Backbone, block_class
 from visim_jax.core.errors import UserError
 from visim_jax.data.preprocess import Preprocess
 
@@ -141,7 +141,7 @@ class ResNetV2(nn.Module):
     stages['stem'] = x
     for i, blocks in enumerate(a.layers):
       for j in range(blocks):
-        x = PreActBottleneck(a.chans(i), (1 if i == 0 else 2) if j == 0 else 1, j == 0, a.gn_groups, self.ws, d,
+        x = block_class(PreActBottleneck)(a.chans(i), (1 if i == 0 else 2) if j == 0 else 1, j == 0, a.gn_groups, self.ws, d,
                              name=f'stage{i + 1}_{j}')(x)
       stages[f'stage{i + 1}'] = x
     x = _gn_relu(x, 'norm', a.gn_groups, d)

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from visim_jax.backbones import weights as weights_lib
-from visim_jax.backbones.base import Backbone
+from visim_jax.backbones.base import Backbone, block_class
 from visim_jax.core.errors import UserError
 from visim_jax.data.preprocess import Preprocess
 
@@ -142,7 +142,7 @@ class ModifiedResNet(nn.Module):
     for i, blocks in enumerate(self.layers):
       planes = w * 2 ** i
       for j in range(blocks):
-        x = Bottleneck(planes, (1 if i == 0 else 2) if j == 0 else 1, d, name=f'layer{i + 1}_{j}')(x)
+        x = block_class(Bottleneck)(planes, (1 if i == 0 else 2) if j == 0 else 1, d, name=f'layer{i + 1}_{j}')(x)
       stages[f'stage{i + 1}'] = x
     out = AttentionPool(w * 32 // 64, self.output_dim, d, name='attnpool')(x)
     stages['attnpool'] = out

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from visim_jax.backbones import weights as weights_lib
-from visim_jax.backbones.base import Backbone
+from visim_jax.backbones.base import Backbone, block_class
 from visim_jax.backbones.resnet import preprocess as seed_transform  # the seed's default transform, one copy
 from visim_jax.backbones.efficientnet_lite import DepthwiseConv
 from visim_jax.core.errors import UserError
@@ -186,7 +186,7 @@ class EfficientNet(nn.Module):
     stages = {'stem': x}
     for s, blocks in enumerate(block_specs(a)):
       for i, spec in enumerate(blocks):
-        x = Block(spec, d, self.depthwise_impl, name=f'blocks_{s}_{i}')(x)
+        x = block_class(Block)(spec, d, self.depthwise_impl, name=f'blocks_{s}_{i}')(x)
       stages[f'block{s + 1}'] = x
     x = nn.Conv(head_channels(a), (1, 1), use_bias=False, dtype=d, name='conv_head')(x)
     x = nn.swish(bn(name='bn2')(x))

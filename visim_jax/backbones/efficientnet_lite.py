@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from visim_jax.core import safe_pickle
-from visim_jax.backbones.base import Backbone, sha256_file
+from visim_jax.backbones.base import Backbone, block_class, sha256_file
 from visim_jax.core.errors import UserError
 from visim_jax.data.preprocess import Preprocess
 
@@ -120,7 +120,7 @@ class EfficientNetLite(nn.Module):
     i = 0
     for g, (repeats, k, s, e, _, out) in enumerate(self.blocks):
       for r in range(repeats):
-        x = MBConv(out, k, s if r == 0 else 1, e, self.depthwise_impl, name=f'blocks_{i}')(x)
+        x = block_class(MBConv)(out, k, s if r == 0 else 1, e, self.depthwise_impl, name=f'blocks_{i}')(x)
         i += 1
       stages[f'block{g + 1}'] = x
     x = nn.relu6(_bn('bn1')(nn.Conv(self.head, (1, 1), use_bias=False, name='conv_head')(x)))

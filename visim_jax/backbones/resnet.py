@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from visim_jax.backbones import weights as weights_lib
-from visim_jax.backbones.base import Backbone
+from visim_jax.backbones.base import Backbone, block_class
 from visim_jax.core.errors import UserError
 from visim_jax.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
@@ -142,7 +142,7 @@ class ResNet(nn.Module):
     stages['stem'] = x
     for i, blocks in enumerate(a.layers):
       for j in range(blocks):
-        x = Block(a, a.base * 2 ** i, (1 if i == 0 else 2) if j == 0 else 1, d, name=f'layer{i + 1}_{j}')(x)
+        x = block_class(Block)(a, a.base * 2 ** i, (1 if i == 0 else 2) if j == 0 else 1, d, name=f'layer{i + 1}_{j}')(x)
       stages[f'stage{i + 1}'] = x
     stages['pooled'] = x.mean(axis=(1, 2))
     return stages['pooled'], stages

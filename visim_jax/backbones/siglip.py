@@ -60,7 +60,7 @@ import numpy as np
 
 from visim_jax.core import readers
 from visim_jax.backbones import weights as weights_lib
-from visim_jax.backbones.base import Backbone
+from visim_jax.backbones.base import Backbone, block_class
 from visim_jax.backbones import siglip_layouts, vit
 from visim_jax.backbones.vit import LN_EPS, Block, patch_embed
 from visim_jax.core.errors import UserError
@@ -172,7 +172,7 @@ class SiglipVisionTower(nn.Module):
     x = x + pos.astype(d)
     stages = {'embeddings': x}
     for i in range(a.depth):
-      x = Block(a.heads, dtype=d, mlp_dim=a.mlp_dim, tanh_gelu=True, name=f'blocks_{i}')(x)
+      x = block_class(Block)(a.heads, dtype=d, mlp_dim=a.mlp_dim, tanh_gelu=True, name=f'blocks_{i}')(x)
       stages[f'block{i + 1}'] = x
     x = stages['tokens'] = nn.LayerNorm(epsilon=LN_EPS, dtype=d, name='norm')(x)
     stages['mean'] = x.mean(axis=1)

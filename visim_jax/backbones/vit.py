@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from visim_jax.backbones import weights as weights_lib
-from visim_jax.backbones.base import Backbone
+from visim_jax.backbones.base import Backbone, block_class
 from visim_jax.backbones.resnet import preprocess as seed_transform  # the seed's default transform, one copy
 from visim_jax.core.errors import UserError
 from visim_jax.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
@@ -180,7 +180,7 @@ class VisionTransformer(nn.Module):
       x = nn.LayerNorm(epsilon=a.ln_eps, dtype=d, name='ln_pre')(x)
     stages = {'embeddings': x}
     for i in range(a.depth):
-      x = Block(a.heads, a.mlp_ratio, d, ln_eps=a.ln_eps, act=a.act, layer_scale=a.layer_scale, name=f'blocks_{i}')(x)
+      x = block_class(Block)(a.heads, a.mlp_ratio, d, ln_eps=a.ln_eps, act=a.act, layer_scale=a.layer_scale, name=f'blocks_{i}')(x)
       stages[f'block{i + 1}'] = x
     x = nn.LayerNorm(epsilon=a.ln_eps, dtype=d, name='norm')(x)
     pooled = stages['pooled'] = x[:, 0]

@@ -1,0 +1,198 @@
+"""LoRA (Hu et al. 2021) as a pure transform of a flax parameter tree: W + (alpha / r) * A B on the kernels that a
+name pattern selects, merged into plain weights for inference and export.
+
+The tree (`init`): {'<module path>': {'a': (fan_in, r), 'b': (r, fan_out)}}, one entry per selected kernel, the
+module path '/'-joined under `params` (DreamSim's towers: 'dino/blocks_3/attn/qkv'). A kernel of any rank is read as
+the matrix (prod(shape[:-1]), shape[-1]) (flax Dense: (in, out); Conv: (kh, kw, in, out)), so
+`merge` adds scale * (a @ b).reshape(kernel.shape) to it. In torch / peft names (Linear weight (out, in)):
+lora_A.weight = a.T (r, in), lora_B.weight = b.T (out, r), the same delta B A transposed. A fused qkv Linear has one
+`a` shared by q, k and v and one `b` of 3 x width rows, as peft's LoRA on DreamSim's `qkv` (target_modules=['qkv']).
+
+Initialisation = peft's default (`init_lora_weights=True`): A as torch.nn.Linear's weight (kaiming_uniform with
+a = sqrt(5): U(-1/sqrt(fan_in), 1/sqrt(fan_in)); for a Conv kernel fan_in = kh * kw * in as torch's conv A), B zero,
+so the tuned tower starts as the pretrained one. scale = alpha / r (alpha / sqrt(r) with rslora), peft's `scaling`.
+
+Dropout (`forward` with rate > 0 and a key): peft computes y = W x + b + scale * B A dropout(x) in training, a
+dropout mask per element of the layer's INPUT (per image, per token, per channel) on the LoRA branch only. That is not
+a weight, so no merge expresses it; `forward` computes exactly peft's form instead: every flax nn.Dense / nn.Conv
+whose kernel is a target (found by identity of the kernel array inside the traced function, so one tower's blocks
+and an ensemble's branches never mix) gets y + scale * (dropout(x) a) b through flax's method interception, with
+masks `dropout_mask(key, i, call, shape, rate)` (target i in sorted path order): the parity test feeds the same
+masks to peft's dropout slot. Without dropout (rate 0, or no key: evaluation) `forward` runs the merged weights,
+equal to peft's unmerged sum up to float rounding.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Callable, Mapping, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from visim_jax.core.errors import UserError
+
+Tree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """peft's LoraConfig fields that a plain LoRA needs (DreamSim's configs/train_*_lora.yaml: r 16, alpha 8 (ensemble)
+  or 32 (single), dropout 0.3 / 0.2, targets ('qkv',))."""
+  r: int = 16
+  alpha: float = 8.0
+  dropout: float = 0.0
+  targets: tuple[str, ...] = ('qkv',)
+  rslora: bool = False
+
+  @property
+  def scale(self) -> float:
+    return self.alpha / (math.sqrt(self.r) if self.rslora else self.r)
+
+
+def _path_str(path) -> str:
+  return '/'.join(str(getattr(k, 'key', getattr(k, 'name', k))) for k in path)
+
+
+def _matches(module: str, targets: Sequence[str]) -> bool:
+  """peft's list semantics: a target names a module by its last path components ('qkv' -> '.../attn/qkv',
+  'attn/qkv' too); anything else must match the whole module path as a regular expression."""
+  for t in targets:
+    if module == t or module.endswith('/' + t):
+      return True
+    try:
+      if re.fullmatch(t, module):
+        return True
+    except re.error as e:
+      raise UserError(f'lora targets: {t!r} is not a module name or a regular expression ({e})') from None
+  return False
+
+
+def kernels(params: Tree) -> dict[str, jax.Array]:
+  """{module path: kernel} of every 'kernel' leaf of rank >= 2 in `params` (the `params` collection)."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    name = _path_str(path)
+    if name.endswith('/kernel') and getattr(leaf, 'ndim', 0) >= 2:
+      out[name[:-len('/kernel')]] = leaf
+  return out
+
+
+def target_paths(params: Tree, cfg: Config) -> list[str]:
+  """The module paths that cfg.targets select, sorted; refuses a pattern that selects nothing."""
+  found = sorted(m for m in kernels(params) if _matches(m, cfg.targets))
+  if not found:
+    some = sorted(kernels(params))[:6]
+    raise UserError(f'lora targets {list(cfg.targets)} select no kernel of this tower (module paths look like '
+                    f'{some})')
+  return found
+
+
+def init(key: jax.Array, params: Tree, cfg: Config) -> dict:
+  """The LoRA tree for the kernels cfg.targets select: a ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (peft's
+  kaiming_uniform(a=sqrt(5))), b = 0; target i's `a` from fold_in(key, i) (sorted paths)."""
+  if cfg.r < 1:
+    raise UserError(f'lora r: {cfg.r}; expected a positive rank')
+  if not 0.0 <= cfg.dropout < 1.0:
+    raise UserError(f'lora dropout: {cfg.dropout}; expected a probability in [0, 1)')
+  ks = kernels(params)
+  out = {}
+  for i, path in enumerate(target_paths(params, cfg)):
+    shape = ks[path].shape
+    fan_in, fan_out = math.prod(shape[:-1]), shape[-1]
+    bound = 1.0 / math.sqrt(fan_in)
+    out[path] = {'a': jax.random.uniform(jax.random.fold_in(key, i), (fan_in, cfg.r), jnp.float32, -bound, bound),
+                 'b': jnp.zeros((cfg.r, fan_out), jnp.float32)}
+  return out
+
+
+def delta(entry: Mapping[str, jax.Array], shape: Sequence[int], scale: float) -> jax.Array:
+  """scale * a @ b in the kernel's shape (float32 product)."""
+  a, b = entry['a'].astype(jnp.float32), entry['b'].astype(jnp.float32)
+  return (scale * (a @ b)).reshape(shape)
+
+
+def merge(params: Tree, lora: Mapping[str, Mapping[str, jax.Array]], cfg: Config) -> Tree:
+  """`params` with W + scale * a @ b at every LoRA entry (same structure and dtypes): plain weights for inference
+  and export. Refuses an entry whose module is missing or whose shapes do not fit."""
+  if not lora:
+    return params
+  ks = kernels(params)
+  missing = sorted(set(lora) - set(ks))
+  if missing:
+    raise UserError(f'lora: entries {missing[:3]} name no kernel of this tower')
+
+  def fix(path, leaf):
+    name = _path_str(path)
+    module = name[:-len('/kernel')] if name.endswith('/kernel') else None
+    if module not in lora:
+      return leaf
+    e = lora[module]
+    if e['a'].shape[0] != math.prod(leaf.shape[:-1]) or e['b'].shape[-1] != leaf.shape[-1]:
+      raise UserError(f'lora: {module}: a {e["a"].shape} / b {e["b"].shape} do not fit its kernel {leaf.shape}')
+    return (leaf.astype(jnp.float32) + delta(e, leaf.shape, cfg.scale)).astype(leaf.dtype)
+  return jax.tree_util.tree_map_with_path(fix, params)
+
+
+def merge_variables(variables: Mapping, lora, cfg: Config) -> dict:
+  """merge() on the `params` collection of a flax variables dict; other collections (batch_stats) unchanged."""
+  return {**variables, 'params': merge(variables['params'], lora, cfg)}
+
+
+def dropout_mask(key: jax.Array, index: int, call: int, shape: Sequence[int], rate: float) -> jax.Array:
+  """The keep mask (bool) of target `index` at its `call`-th use in one forward (torch's nn.Dropout keeps with
+  probability 1 - rate and scales the kept values by 1 / (1 - rate))."""
+  k = jax.random.fold_in(jax.random.fold_in(key, index), call)
+  return jax.random.bernoulli(k, 1.0 - rate, tuple(shape))
+
+
+def forward(apply_fn: Callable, variables: Mapping, lora, cfg: Config, x, key: jax.Array | None = None):
+  """apply_fn(variables with LoRA, x) as peft computes it: merged weights when dropout is off (cfg.dropout 0 or no
+  key), else W x + b + scale * B A dropout(x) at every target (module docstring)."""
+  if not lora:
+    return apply_fn(variables, x)
+  if cfg.dropout == 0.0 or key is None:
+    return apply_fn(merge_variables(variables, lora, cfg), x)
+  ks = kernels(variables['params'])
+  order = sorted(lora)
+  by_id = {id(ks[p]): (i, p) for i, p in enumerate(order)}
+  calls = {}
+  rate, scale = cfg.dropout, cfg.scale
+
+  def interceptor(next_fun, args, kwargs, ctx):
+    mod = ctx.module
+    if ctx.method_name != '__call__' or not isinstance(mod, (nn.Dense, nn.Conv)):
+      return next_fun(*args, **kwargs)
+    kernel = mod.scope.get_variable('params', 'kernel') if mod.scope is not None else None
+    hit = by_id.get(id(kernel))
+    if hit is None:
+      return next_fun(*args, **kwargs)
+    i, path = hit
+    y = next_fun(*args, **kwargs)
+    xin = args[0]
+    call = calls[i] = calls.get(i, -1) + 1
+    keep = dropout_mask(key, i, call, xin.shape, rate)
+    xd = jnp.where(keep, xin / (1.0 - rate), 0.0).astype(xin.dtype)
+    e = lora[path]
+    if isinstance(mod, nn.Dense):
+      extra = (xd @ e['a'].astype(xd.dtype)) @ e['b'].astype(xd.dtype)
+      extra = extra * jnp.asarray(scale, xd.dtype)
+    else:
+      k = delta(e, kernel.shape, scale).astype(xd.dtype)
+      extra = mod.clone(parent=None, use_bias=False, name=None).apply({'params': {'kernel': k}}, xd)
+    return y + extra.astype(y.dtype)
+
+  with nn.intercept_methods(interceptor):
+    out = apply_fn(variables, x)
+  unused = [order[i] for i in range(len(order)) if i not in calls]
+  if unused:
+    raise UserError(f'lora: targets {unused[:3]} were never called as a flax nn.Dense / nn.Conv in the forward; '
+                    'dropout on them needs that (set the LoRA dropout to 0 to train their merged weights)')
+  return out
+
+
+def count(lora) -> int:
+  """Trainable LoRA parameters."""
+  return int(sum(x.size for x in jax.tree.leaves(lora)))
