@@ -65,10 +65,10 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   size = backbone.preprocess.size
   image_shape = (size, size, 3)
   key = jax.random.PRNGKey(opts.seed)
-  abstract, frozen = jax.eval_shape(lambda: tower_step.init_state(hp, tower, backbone.variables, key, image_shape))
-  per_triplet = 4 if (hp.loss == 'hinge' and hp.hinge_ref == 'per_pair') else 3
-  parts = tune_memory.check(hp, tower, backbone, abstract.trainable, backbone.variables, image_shape, np.float32,
-                            micro * per_triplet // n_dev, opts.fsdp)
+  abstract, _ = jax.eval_shape(lambda: tower_step.init_state(hp, tower, backbone.variables, key, image_shape))
+  two_refs = hp.loss == 'hinge' and hp.hinge_ref == 'per_pair' and hp.tune == 'lora' and hp.lora.dropout > 0
+  parts = tune_memory.check(hp, tower, backbone, abstract.trainable, image_shape,
+                            micro * (4 if two_refs else 3) // n_dev, opts.fsdp)
   runtime.say(f'{len(train):,} train / {len(val):,} held-out triplets ({train.target_kind}) over {len(train.images):,} '
               f'images; {backbone.name} tune={hp.tune}, loss {hp.loss}, {steps} steps of {opts.batch_size} over '
               f'{n_dev} device(s); memory estimate {sum(parts.values()) / 2**20:,.0f} MiB a device')
@@ -83,15 +83,9 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   eval_hp = head_step.Hparams(head='identity', loss=hp.loss, similarity=hp.similarity, tau=hp.tau,
                               target_tau=hp.target_tau, margin=hp.margin, ties=opts.ties)
   evaluate = functools.partial(_evaluate, eval_hp, mesh, table, val_rows, val_pos, val.target, opts.features)
-  if opts.head != 'identity':   # the tower's own feature, no head: the frozen baseline
-    bare = tower_step.tower(backbone, feature=opts.feature or None)
-    fhp = dataclasses.replace(hp, tune='frozen')
-    fs, ff = tower_step.init_state(fhp, bare, backbone.variables, key, image_shape)
-    frozen_res = evaluate(_embedder(fhp, bare), fs.trainable, ff)
-    untrained = evaluate(_embedder(hp, tower), state0.trainable, frozen)
-  else:
-    frozen_res = untrained = evaluate(_embedder(dataclasses.replace(hp, tune='frozen'), tower), state0.trainable,
-                                      frozen)
+  bare = dataclasses.replace(tower, head='identity')   # the tower's own feature at step 0 (LoRA's b = 0): frozen
+  frozen_res = evaluate(_embedder(hp, bare), {k: v for k, v in state0.trainable.items() if k != 'head'}, frozen)
+  untrained = evaluate(_embedder(hp, tower), state0.trainable, frozen) if opts.head != 'identity' else frozen_res
   embed = _embedder(hp, tower)
   n_evals = -(-steps // opts.eval_every)
   host = lambda: {'loss': np.zeros(steps, np.float32), 'val_accuracy': np.zeros(n_evals, np.float32),
@@ -194,7 +188,8 @@ def _leaderboard(config, workdir: str, backbone, progress: bool) -> dict:
 
 def _print(m: dict, workdir: str) -> None:
   r = m['results']
-  rows = [[k, f"{r[k]['accuracy']:.4f}", f"{r[k]['loss']:.4f}"] for k in ('frozen', 'untrained', 'tuned')]
+  shown = ('frozen', 'untrained', 'tuned') if r['untrained'] != r['frozen'] else ('frozen', 'tuned')
+  rows = [[k, f"{r[k]['accuracy']:.4f}", f"{r[k]['loss']:.4f}"] for k in shown]
   runtime.say(f"\nheld-out accuracy ({m['n_triplets']['val']} triplets, {m['target']} targets), {m['backbone']} "
               f"tune={m['hparams']['tune']}, {m['hparams']['steps']} steps, workdir {workdir}")
   runtime.say(report.table(rows, ['tower', 'accuracy', m['hparams']['loss'] + ' loss']))

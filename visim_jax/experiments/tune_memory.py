@@ -42,10 +42,14 @@ def n_blocks(backbone) -> int:
   return max(1, sum(bool(re.fullmatch(r'.*block_?\d+', s)) for s in backbone.stage_names()))
 
 
-def estimate(hp, tower, backbone, trainable, frozen, image_shape, dtype, images_per_device: int, fsdp: int):
-  """(parts for hp.remat, parts with remat on or None, sizes text): core/memory.tower_parts of this run."""
-  n_all = _count(frozen) + (_count(trainable) if hp.tune == 'full' else 0)
-  n_train = _count(trainable) if hp.tune != 'frozen' else 0
+def estimate(hp, tower, backbone, trainable, image_shape, images_per_device: int, fsdp: int):
+  """(parts for hp.remat, parts with remat on or None, sizes text): core/memory.tower_parts of this run (trainable:
+  the abstract trainable tree of tower_step.init_state)."""
+  frozen = backbone.variables
+  if hp.tune == 'full':
+    frozen = {k: v for k, v in frozen.items() if k != 'params'}
+  n_all, n_train = _count(frozen) + _count(trainable), _count(trainable)
+  dtype = np.float32 if backbone.preprocess.interpolation == 'torch_bilinear' else np.uint8
   opt = dict(opt_slots=2, init_copy=hp.weight_decay > 0, fsdp=fsdp)
   plain = residuals_per_image(dataclasses.replace(hp, remat=False), tower, trainable, frozen, image_shape, dtype)
   if hp.remat:
@@ -62,8 +66,8 @@ def estimate(hp, tower, backbone, trainable, frozen, image_shape, dtype, images_
   return parts, other, sizes
 
 
-def check(hp, tower, backbone, trainable, frozen, image_shape, dtype, images_per_device: int, fsdp: int) -> dict:
+def check(hp, tower, backbone, trainable, image_shape, images_per_device: int, fsdp: int) -> dict:
   """The estimate, refused in one line when it does not fit; returns the parts (recorded in metrics.json)."""
-  parts, other, sizes = estimate(hp, tower, backbone, trainable, frozen, image_shape, dtype, images_per_device, fsdp)
+  parts, other, sizes = estimate(hp, tower, backbone, trainable, image_shape, images_per_device, fsdp)
   memory.check_tower(parts, sizes, hp.remat, other)
   return {k: int(v) for k, v in parts.items()}
