@@ -4,7 +4,7 @@ held-out accuracy frozen vs tuned -> a model like any other (`tuned:<workdir>`).
 config -> TuneOptions (tune_parse.py, every check) -> train / held-out index sets (tune_data.py) -> the tower
 (training/tower_step.py over the backbone, LoRA from models/lora.py) -> the memory estimate (tune_memory.py: refused
 in one line before the training state exists) -> pixels through data/pipeline.py's decoded-image cache
-(data/image_triplets.py) -> steps of `batch_size` triplets (rows seeded by (seed, step): a resumed run reads the
+(data/image_batches.py) -> steps of `batch_size` triplets (rows seeded by (seed, step): a resumed run reads the
 batches an uninterrupted one reads; dropout keyed by (seed, step)) on the ('data', 'fsdp') mesh, in chunks of
 eval_every steps through training/runtime.Run (lock, fingerprint, Orbax checkpoints of the trainable state only:
 LoRA checkpoints are small, resume) -> held-out accuracy after each chunk.
@@ -26,7 +26,7 @@ import numpy as np
 
 from visim_jax.backbones import features as features_lib
 from visim_jax.core import report, sharding
-from visim_jax.data import image_triplets
+from visim_jax.data import image_batches
 from visim_jax.experiments import checks, config_fields, tune_data, tune_memory
 from visim_jax.experiments.tune_parse import LOSS_FOR_TARGET, TEACHER_SOURCES, parse, validate_config  # noqa: F401
 from visim_jax.training import head_step, runtime, tuned_file
@@ -74,12 +74,12 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
               f'{n_dev} device(s); memory estimate {sum(parts.values()) / 2**20:,.0f} MiB a device')
 
   cache = os.path.join(opts.features.cache_dir, 'images') if opts.features.image_cache else None
-  table = image_triplets.pixel_table(train.images, backbone.preprocess, cache, progress=progress)
-  batches = image_triplets.TripletBatches.of(train, table, opts.batch_size, opts.seed)
+  table = image_batches.pixel_table(train.images, backbone.preprocess, cache, progress=progress)
+  batches = image_batches.TripletBatches.of(train, table, opts.batch_size, opts.seed)
   state0, frozen = tower_step.init_state(hp, tower, backbone.variables, key, image_shape)
   state0, frozen = tower_step.place(mesh, state0, frozen)
   program = tower_step.step_program(hp, tower, mesh)
-  val_rows, val_pos = image_triplets.image_rows(val.triplets)
+  val_rows, val_pos = image_batches.image_rows(val.triplets)
   eval_hp = head_step.Hparams(head='identity', loss=hp.loss, similarity=hp.similarity, tau=hp.tau,
                               target_tau=hp.target_tau, margin=hp.margin, ties=opts.ties)
   evaluate = functools.partial(_evaluate, eval_hp, mesh, table, val_rows, val_pos, val.target, opts.features)
@@ -161,7 +161,7 @@ def _evaluate(eval_hp, mesh, table, rows, pos, target, fo, embed, trainable, fro
   out = []
   for s in range(0, len(rows), bs):
     r = rows[s:s + bs]
-    x = image_triplets.gather(table, np.pad(r, (0, bs - len(r)))[:, None])[:, 0]
+    x = image_batches.gather(table, np.pad(r, (0, bs - len(r)))[:, None])[:, 0]
     e = embed(trainable, frozen, sharding.to_global(x, sharding.batch_sharding(mesh, x.ndim)))
     out.append(np.asarray(sharding.to_host(e))[:len(r)])
   feats = np.concatenate(out)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from visim_jax.backbones.features import FeatureOptions
-from visim_jax.data import image_triplets, teacher_labels
+from visim_jax.data import image_batches, teacher_labels
 from visim_jax.experiments import checks, config_fields
 from visim_jax.losses import odd_one_out
 
@@ -81,7 +81,7 @@ def parse(config) -> TuneOptions:
   checks.text(config, 'teacher.backbone')
   checks.text(config, 'teacher.layers')
   checks.choice(config, 'transform', TRANSFORMS)
-  checks.choice(config, 'augment', image_triplets.AUGMENT)
+  checks.choice(config, 'augment', image_batches.AUGMENT)
   features = config_fields.options(config)
   if features.pooling != 'mean':
     raise checks.fail('pooling', "a tuned tower is compared on its own feature (config.feature): use 'mean'",
