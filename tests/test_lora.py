@@ -126,3 +126,18 @@ def test_ensemble_branches_get_their_own_adapters():
   assert not np.allclose(out['dino'], base['dino'])
   np.testing.assert_allclose(out['clip'], base['clip'], rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(out['open_clip'], base['open_clip'], rtol=1e-6, atol=1e-6)
+
+
+def test_arrays_round_trip_and_refusals(tmp_path):
+  variables, _, _ = _toy()
+  cfg = lora.Config(r=2, alpha=4, targets=('qkv', 'conv'))
+  tree = lora.init(jax.random.PRNGKey(3), variables['params'], cfg)
+  np.savez(tmp_path / 'lora.npz', **lora.to_arrays(tree))
+  back = lora.from_arrays(dict(np.load(tmp_path / 'lora.npz')))
+  assert jax.tree.structure(back) == jax.tree.structure(tree)
+  for x, y in zip(jax.tree.leaves(back), jax.tree.leaves(tree)):
+    np.testing.assert_array_equal(x, y)
+  with pytest.raises(UserError, match='unexpected key'):
+    lora.from_arrays({'qkv/c': np.zeros(2)})
+  with pytest.raises(UserError, match='lack a or b'):
+    lora.from_arrays({'qkv/a': np.zeros(2)})

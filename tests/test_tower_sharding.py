@@ -1,5 +1,6 @@
-"""Issue 32 item 3: one sharded path. The tower step on a ('data', 'fsdp') mesh of 8 fake CPU devices (fsdp 2 and
-8) and on 2 jax.distributed processes of 4 devices each gives the parameters of 1 device (rtol 1e-5), in the lora
+"""Issue 32 item 3: one sharded path. The tower step on a ('data', 'fsdp') mesh of 8 fake CPU devices (data 4 x
+fsdp 2) and on 2 jax.distributed processes of 4 devices each (fsdp 8: every parameter's shards span both processes)
+gives the parameters of 1 device (rtol 1e-5), in the lora
 mode (with LoRA dropout: the masks do not depend on the layout) and the full mode (JSD, decay to init, a head);
 the fsdp layout is checked on the placed state."""
 import os
@@ -31,8 +32,10 @@ def train(mode: str, fsdp: int | None, out: str | None = None) -> dict:
     tw = tower_step.tower(bb, feature='block2')
     target = np.random.default_rng(1).uniform(0, 1, 16).astype(np.float32)
   else:
-    hp = tower_step.Hparams(tune='full', loss='jsd', similarity='dot', tau=2.0, lr=1e-3, b1=0.9, weight_decay=1.0,
-                            schedule='cosine', warmup_steps=1, steps=4)
+    # eps 1e-3: Adam with eps 1e-8 would turn the float noise of gradients that are 0 in exact arithmetic (the key
+    # bias) into whole steps, different with every order of the sums
+    hp = tower_step.Hparams(tune='full', loss='jsd', similarity='dot', tau=2.0, lr=1e-3, b1=0.9, eps=1e-3,
+                            weight_decay=1.0, schedule='cosine', warmup_steps=1, steps=4)
     tw = tower_step.tower(bb, feature='pooled', head='affine', head_size=16)
     target = np.random.default_rng(1).normal(size=(16, 3)).astype(np.float32)
   images = np.random.default_rng(0).integers(0, 256, (16, 3, 32, 32, 3)).astype(np.uint8)
@@ -90,14 +93,14 @@ def _compare(out, fsdps):
 
 
 def test_eight_devices_equal_one(tmp_path):
-  code = CHILD.format(tests=TESTS, fsdps=(1, 2, 8), out=str(tmp_path))
+  code = CHILD.format(tests=TESTS, fsdps=(2,), out=str(tmp_path))
   (rc, log), = subprocs.run_all([dict(args=[sys.executable, '-c', code], env=_env(8), cwd=ROOT)])
   assert rc == 0 and 'DONE' in log, log[-3000:]
-  _compare(str(tmp_path), (1, 2, 8))
+  _compare(str(tmp_path), (2,))
 
 
 def test_two_processes_equal_one(tmp_path):
-  code = CHILD.format(tests=TESTS, fsdps=(2,), out=str(tmp_path))
+  code = CHILD.format(tests=TESTS, fsdps=(8,), out=str(tmp_path))   # parameter shards across the processes
 
   def jobs(port):
     return [dict(args=[sys.executable, '-c', code], cwd=ROOT,
@@ -106,7 +109,7 @@ def test_two_processes_equal_one(tmp_path):
   results = subprocs.free_port_run(jobs)
   for rc, log in results:
     assert rc == 0 and 'DONE' in log, log[-3000:]
-  _compare(str(tmp_path), (2,))
+  _compare(str(tmp_path), (8,))
 
 
 def test_mesh_and_layout_rules():
@@ -114,7 +117,7 @@ def test_mesh_and_layout_rules():
   assert mesh.axis_names == ('data', 'fsdp') and mesh.shape['fsdp'] == 1
   with pytest.raises(UserError, match='fsdp: 3 does not divide'):
     sharding.train_mesh(3, devices=jax.devices() * 4)
-  fake = sharding.train_mesh(2, devices=np.array(jax.devices() * 4))   # shape rules only: (2, 2) logical mesh
+  fake = type('Mesh', (), {'shape': {'data': 2, 'fsdp': 2}})()   # the layout rule reads the fsdp size only
   assert sharding.param_spec(fake, (32, 96)) == jax.sharding.PartitionSpec(None, 'fsdp')
   assert sharding.param_spec(fake, (128, 32)) == jax.sharding.PartitionSpec('fsdp')
   assert sharding.param_spec(fake, (96,)) == jax.sharding.PartitionSpec()        # under FSDP_MIN_SIZE

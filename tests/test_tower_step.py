@@ -1,5 +1,7 @@
 """training/tower_step.py: its options against plain statements (NumPy Adam loops, one batch vs accumulated
 micro-batches, remat vs none, bfloat16 vs float32), and every family's apply differentiable in its params."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,12 +65,16 @@ def test_double_adam_updates_equal_numpy(mode):
   np.testing.assert_allclose(p['w'], pn, rtol=0, atol=2e-5 * 0.1 * 6)
 
 
-def test_accumulated_microbatches_equal_one_batch():
+@functools.lru_cache(maxsize=1)
+def _full_baseline():
   # eps 1e-2: Adam's m / (sqrt(v) + eps) would blow float noise up to a full step on gradients that are zero in
   # exact arithmetic (the key bias: softmax ignores a shift of every logit)
   bb, hp = _tiny(tune='full', lr=1e-3, eps=1e-2)
-  batch = _batch(4)
-  s1, l1 = _run(hp, bb, batch, steps=1)
+  return bb, hp, _batch(4), _run(hp, bb, _batch(4), steps=1)
+
+
+def test_accumulated_microbatches_equal_one_batch():
+  bb, hp, batch, (s1, l1) = _full_baseline()
   s2, l2 = _run(tower_step.Hparams(**{**hp.__dict__, 'accum_steps': 2}), bb, batch, steps=1)
   np.testing.assert_allclose(l2, l1, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(s1.trainable), jax.tree.leaves(s2.trainable)):
@@ -76,7 +82,8 @@ def test_accumulated_microbatches_equal_one_batch():
 
 
 def test_remat_changes_nothing_but_the_program():
-  bb, hp = _tiny(tune='lora')
+  # with LoRA dropout: the dropout forward finds its targets inside nn.remat'ed blocks too (same masks)
+  bb, hp = _tiny(tune='lora', lora=lora.Config(r=2, alpha=4, dropout=0.2))
   batch = _batch(4)
   s1, l1 = _run(hp, bb, batch)
   hpr = tower_step.Hparams(**{**hp.__dict__, 'remat': True})
@@ -91,9 +98,7 @@ def test_remat_changes_nothing_but_the_program():
 
 
 def test_bfloat16_compute_keeps_float32_master_weights():
-  bb, hp = _tiny(tune='full', lr=1e-3)
-  batch = _batch(4)
-  s32, l32 = _run(hp, bb, batch, steps=1)
+  bb, hp, batch, (s32, l32) = _full_baseline()
   s16, l16 = _run(tower_step.Hparams(**{**hp.__dict__, 'compute_dtype': 'bfloat16'}), bb, batch, steps=1)
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(s16.trainable))
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(s16.opt_state) if jnp.issubdtype(x.dtype, jnp.floating))

@@ -15,11 +15,12 @@ so the tuned tower starts as the pretrained one. scale = alpha / r (alpha / sqrt
 Dropout (`forward` with rate > 0 and a key): peft computes y = W x + b + scale * B A dropout(x) in training, a
 dropout mask per element of the layer's INPUT (per image, per token, per channel) on the LoRA branch only. That is not
 a weight, so no merge expresses it; `forward` computes exactly peft's form instead: every flax nn.Dense / nn.Conv
-whose kernel is a target (found by identity of the kernel array inside the traced function, so one tower's blocks
-and an ensemble's branches never mix) gets y + scale * (dropout(x) a) b through flax's method interception, with
+whose module path is a target gets y + scale * (dropout(x) a) b through flax's method interception, with
 masks `dropout_mask(key, i, call, shape, rate)` (target i in sorted path order): the parity test feeds the same
-masks to peft's dropout slot. Without dropout (rate 0, or no key: evaluation) `forward` runs the merged weights,
-equal to peft's unmerged sum up to float rounding.
+masks to peft's dropout slot. A module's path is its path inside the apply call plus where that call's params sit
+in the tree (found by identity of the arrays at the root: DreamSim's ensemble applies each branch to
+params[branch], so the branches' same-named blocks never mix; paths hold inside nn.remat too). Without dropout
+(rate 0, or no key: evaluation) `forward` runs the merged weights, equal to peft's unmerged sum up to float rounding.
 """
 from __future__ import annotations
 
@@ -155,21 +156,42 @@ def forward(apply_fn: Callable, variables: Mapping, lora, cfg: Config, x, key: j
     return apply_fn(variables, x)
   if cfg.dropout == 0.0 or key is None:
     return apply_fn(merge_variables(variables, lora, cfg), x)
-  ks = kernels(variables['params'])
   order = sorted(lora)
-  by_id = {id(ks[p]): (i, p) for i, p in enumerate(order)}
-  calls = {}
+  index = {p: i for i, p in enumerate(order)}
+  full_of = {id(leaf): _path_str(path) for path, leaf in jax.tree_util.tree_flatten_with_path(variables['params'])[0]}
+  prefixes, calls = [], {}
   rate, scale = cfg.dropout, cfg.scale
+
+  def root_prefix(mod) -> str:
+    """Where the params a root module was applied to sit in `variables['params']` (DreamSim's ensemble applies each
+    branch to params[branch]): found by identity of their arrays, which holds at the root (inside a lifted
+    transform such as nn.remat the arrays are new tracers, hence paths below the root)."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(mod.scope.variables().get('params', {}))[0]:
+      full = full_of.get(id(leaf))
+      rel = _path_str(path)
+      if full is not None and full.endswith(rel):
+        return full[:-len(rel)]
+    return ''
 
   def interceptor(next_fun, args, kwargs, ctx):
     mod = ctx.module
-    if ctx.method_name != '__call__' or not isinstance(mod, (nn.Dense, nn.Conv)):
+    if ctx.method_name != '__call__':
       return next_fun(*args, **kwargs)
-    kernel = mod.scope.get_variable('params', 'kernel') if mod.scope is not None else None
-    hit = by_id.get(id(kernel))
-    if hit is None:
+    if mod.path == () and mod.scope is not None and mod.scope.parent is None:
+      prefixes.append(root_prefix(mod))
+      try:
+        return dense_or_conv(mod, next_fun, args, kwargs)
+      finally:
+        prefixes.pop()
+    return dense_or_conv(mod, next_fun, args, kwargs)
+
+  def dense_or_conv(mod, next_fun, args, kwargs):
+    if not isinstance(mod, (nn.Dense, nn.Conv)):
       return next_fun(*args, **kwargs)
-    i, path = hit
+    path = (prefixes[-1] if prefixes else '') + '/'.join(mod.path)
+    if path not in index:
+      return next_fun(*args, **kwargs)
+    i = index[path]
     y = next_fun(*args, **kwargs)
     xin = args[0]
     call = calls[i] = calls.get(i, -1) + 1
@@ -180,7 +202,7 @@ def forward(apply_fn: Callable, variables: Mapping, lora, cfg: Config, x, key: j
       extra = (xd @ e['a'].astype(xd.dtype)) @ e['b'].astype(xd.dtype)
       extra = extra * jnp.asarray(scale, xd.dtype)
     else:
-      k = delta(e, kernel.shape, scale).astype(xd.dtype)
+      k = delta(e, mod.scope.get_variable('params', 'kernel').shape, scale).astype(xd.dtype)
       extra = mod.clone(parent=None, use_bias=False, name=None).apply({'params': {'kernel': k}}, xd)
     return y + extra.astype(y.dtype)
 
@@ -196,3 +218,23 @@ def forward(apply_fn: Callable, variables: Mapping, lora, cfg: Config, x, key: j
 def count(lora) -> int:
   """Trainable LoRA parameters."""
   return int(sum(x.size for x in jax.tree.leaves(lora)))
+
+
+def to_arrays(lora) -> dict:
+  """The LoRA tree as flat {'<module path>/a': array, '<module path>/b': array} (np.savez keys: a LoRA-only
+  checkpoint holds these and the Config, nothing of the base)."""
+  return {f'{path}/{k}': v for path, e in lora.items() for k, v in e.items()}
+
+
+def from_arrays(arrays: Mapping[str, Any]) -> dict:
+  """Inverse of to_arrays; refuses keys that are not '<module path>/a' or '/b', or an entry lacking one."""
+  out: dict = {}
+  for key, v in arrays.items():
+    path, _, k = key.rpartition('/')
+    if k not in ('a', 'b') or not path:
+      raise UserError(f'lora arrays: unexpected key {key!r} (expected <module path>/a and <module path>/b)')
+    out.setdefault(path, {})[k] = jnp.asarray(v)
+  bad = sorted(p for p, e in out.items() if set(e) != {'a', 'b'})
+  if bad:
+    raise UserError(f'lora arrays: {bad[:3]} lack a or b')
+  return out
