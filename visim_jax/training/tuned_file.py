@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from visim_jax.core.errors import UserError
+from visim_jax.models import lora as lora_lib
 from visim_jax.training import runtime
 
 VERSION = 1
@@ -32,9 +33,7 @@ def save(path: str, meta: dict, trainable: dict) -> None:
   flat = {}
   for top, sub in trainable.items():
     if top == 'lora':
-      for module, ab in sub.items():
-        for k, v in ab.items():
-          flat[f'lora/{module}/{k}'] = np.asarray(v)
+      flat.update({f'lora/{k}': np.asarray(v) for k, v in lora_lib.to_arrays(sub).items()})
     else:
       for kp, v in jax.tree_util.tree_flatten_with_path(sub)[0]:
         flat[f'{top}/{_key(kp)}'] = np.asarray(v)
@@ -54,12 +53,15 @@ def load(path: str) -> tuple[dict, dict]:
   if not isinstance(meta, dict) or not meta.get('backbone') or meta.get('tune') not in ('lora', 'full', 'frozen'):
     raise UserError(f'{path}: its meta names no backbone / tune mode: not written by a tune run')
   trainable: dict = {}
+  lora = {k[len('lora/'):]: v for k, v in arrays.items() if k.startswith('lora/')}
+  if lora:
+    try:
+      trainable['lora'] = {m: {k: np.asarray(v) for k, v in e.items()} for m, e in lora_lib.from_arrays(lora).items()}
+    except UserError as e:
+      raise UserError(f'{path}: {e}') from None
   for k, v in arrays.items():
     top, _, rest = k.partition('/')
-    if top == 'lora':
-      module, _, leaf = rest.rpartition('/')
-      trainable.setdefault('lora', {}).setdefault(module, {})[leaf] = v
-    else:
+    if top != 'lora':
       node = trainable.setdefault(top, {})
       *parents, leaf = rest.split('/')
       for p in parents:
