@@ -70,6 +70,14 @@ def test_tuned_spec_embeds_as_the_run(reference):
   want = want / np.linalg.norm(want, axis=1, keepdims=True)
   np.testing.assert_allclose(model.embed(x), want, atol=2e-5)
   assert model.kind == 'tuned' and float(model.distance(x[0], x[0])) < 1e-5
+  # export: the merged weights, W + alpha / r a b at every adapted kernel, the others as they were
+  from visim_jax.zoo import tuned
+  z = np.load(tuned.export(str(tmp / 'full'), str(tmp / 'merged.npz')))
+  scale = meta['lora']['alpha'] / meta['lora']['r']
+  for module, e in trainable['lora'].items():
+    w0 = np.asarray(base.variables['params'][module.split('/')[0]]['attn']['qkv']['kernel'])
+    np.testing.assert_allclose(z[f'variables/params/{module}/kernel'], w0 + scale * e['a'] @ e['b'], atol=1e-6)
+  np.testing.assert_array_equal(z['variables/params/norm/scale'], np.asarray(base.variables['params']['norm']['scale']))
 
 
 def test_killed_run_resumes_identically(reference, monkeypatch):
@@ -170,3 +178,36 @@ def test_demo_mode_at_ci_size_with_the_leaderboard(tmp_path):
   assert board['models'] == ['cosine:efficientnet_lite0', f'tuned:{tmp_path / "demo_run"}']
   assert set(board['results'][board['models'][1]]) == {'nights', 'bapps_2afc', 'bapps_jnd', 'things'}
   assert json.load(open(tmp_path / 'demo_run' / 'metrics.json'))['leaderboard'] == board
+
+
+_EIGHT = r'''
+import json, os, sys
+import jax
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, os.path.join(sys.argv[1], 'tests'))
+import pathlib
+from test_tune import tiny
+from visim_jax.experiments import tune
+tmp = pathlib.Path(sys.argv[2])
+out = {}
+for name, devs in (('one', jax.devices()[:1]), ('eight', jax.devices())):
+  m = tune.run(tiny(tmp, batch_size=8, fsdp=2 if name == 'eight' else 1, checkpoint=False), str(tmp / name),
+               progress=False, devices=devs)
+  out[name] = {'devices': m['devices'], 'results': m['results']}
+print('RESULT' + json.dumps(out))
+'''
+
+
+def test_eight_devices_with_fsdp_equal_one(tmp_path):
+  """The experiment on 8 fake CPU devices (data 4 x fsdp 2) trains the parameters of 1 device (held-out numbers to
+  1e-4): batches by (seed, step), the same LoRA init, the step's sums in another order only."""
+  import subprocess
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8', 'JAX_PLATFORMS': 'cpu',
+         'PYTHONPATH': ROOT + os.pathsep + os.environ.get('PYTHONPATH', '')}
+  r = subprocess.run([sys.executable, '-c', _EIGHT, ROOT, str(tmp_path)], capture_output=True, text=True, env=env,
+                     cwd=ROOT)
+  assert r.returncode == 0, r.stderr[-3000:]
+  out = json.loads(r.stdout.split('RESULT', 1)[1])
+  assert out['one']['devices'] == 1 and out['eight']['devices'] == 8
+  for k in ('frozen', 'tuned'):
+    for q in ('accuracy', 'loss'):
+      assert out['eight']['results'][k][q] == pytest.approx(out['one']['results'][k][q], rel=1e-4, abs=1e-6)

@@ -15,6 +15,8 @@ import dataclasses
 import json
 import os
 
+import jax
+
 from visim_jax.zoo.interface import (Similarity, backbone_from, backbone_identity, bad, cosine_distance, file_sha,
                                      pooled_featurizer)
 
@@ -68,3 +70,23 @@ def model(spec, target, option, opts):
                     backbone.preprocess, ('pooled', json.dumps(ident, sort_keys=True)), backbone=backbone,
                     layers=layers)
 
+
+
+def export(target: str, out: str | None = None) -> str:
+  """Writes the tuned tower's merged weights (LoRA folded in: plain weights, no LoRA code needed to use them) as
+  <out> (default <workdir>/merged.npz): 'variables/<path>' arrays in the backbone's flax layout, and the head's as
+  'head/<path>', with a JSON meta (the backbone, the feature, head, similarity, tune); returns the path."""
+  import numpy as np
+  from visim_jax.training import runtime
+  spec = f'tuned:{target}'
+  path = os.path.join(target, 'tuned.npz') if os.path.isdir(target) else target
+  if not os.path.isfile(path):
+    raise bad(spec, f'{path}: no tuned.npz (give the workdir of a finished tune run)')
+  backbone, meta = tuned_backbone(spec, path)
+  out = out or os.path.join(os.path.dirname(os.path.abspath(path)), 'merged.npz')
+  flat = {}
+  for top, tree in (('variables', backbone.variables['tower']), ('head', backbone.variables['head'])):
+    for kp, v in jax.tree_util.tree_flatten_with_path(tree)[0]:
+      flat[top + '/' + '/'.join(str(getattr(k, 'key', k)) for k in kp)] = np.asarray(v)
+  runtime.write_npz(out, **flat, meta=np.asarray(json.dumps({**meta, 'merged': True}, sort_keys=True, default=str)))
+  return out
