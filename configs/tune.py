@@ -20,6 +20,9 @@ batch 512) on teacher triplets of an image folder ('untransformed' teacher simil
 ViT on teacher triplets of the demo photos, 12 steps. `:demo`: LoRA (r 8) on EfficientNet-Lite0's last 1x1 conv
 kernels (real weights), triplets labelled by AlexNet over the demo photos, then the leaderboard on the demo human
 sets before and after. docs/tuning.md has the fields, the measured :demo and the fidelity table.
+Measured on the 2-core box shared with other sessions (load 14-21), 2026-11-26: `:local` 53 s; `:demo` 7 min 9 s
+wall for 1 min 54 s of CPU from empty feature / image caches, held-out accuracy 0.865 frozen -> 0.892 tuned, the demo
+NIGHTS test 0.875 -> 0.938 and THINGS 0.969 -> 1.000.
 """
 import ml_collections
 
