@@ -190,6 +190,8 @@ def bench(name, tmp, torch, tdev, tdtype):
   captured = {}
   modules = dict(model.named_modules())
   for ours_name, path in hooks.items():
+    if path not in modules and path.startswith('vision_model.'):
+      path = path[len('vision_model.'):]    # transformers 5's SiglipVisionModel holds the tower's modules directly
     modules[path].register_forward_hook(lambda m, i, o, k=ours_name: captured.__setitem__(k, o))
   xn = torch.from_numpy(np.asarray(bb.preprocess.normalise(x)).transpose(0, 3, 1, 2).copy())
 
@@ -288,6 +290,13 @@ def main(_):
       torch.manual_seed(0)
       print(f'[extract_families] {name}', file=sys.stderr, flush=True)
       result['members'][name] = SPECIAL.get(name, bench)(name, tmp, torch, tdev, tdtype)
+  load = [round(x, 2) for x in os.getloadavg()]
+  result['rows'] = [{'capability': f'extraction, {name} {m.get("layers")}, batch {_BATCH.value}, {_DTYPE.value} '
+                                   f'(PyTorch {result["torch_dtype"]})',
+                     'ours': f'ours (jitted Flax): {m["ours_images_per_s"]:.4g} images/s',
+                     'reference': f'{m.get("reference", "PyTorch")}: {m["reference_images_per_s"]:.4g} images/s',
+                     'ratio': m.get('speedup'), 'spread': None, 'load_average': load}
+                    for name, m in result['members'].items() if 'ours_images_per_s' in m]
   print(json.dumps(result, indent=1))
 
 

@@ -6,9 +6,11 @@
 
 `interleaved` runs each side once per alternation, the order flipping every time (A B, B A, A B, ...), so a
 change of machine load during the run hits both sides alike; each callable must block until its result is
-computed (jax.block_until_ready / a NumPy result). `compare` reports each side's median seconds (and items
-per second when `work` is given), the ratio reference / ours of the medians (> 1: ours is faster), and the
-spread: the smallest and largest ratio of the alternations' pairs. `load_average()` is the machine's 1, 5 and
+computed (jax.block_until_ready / a NumPy result). Each timed call starts after a pause (PAUSE_S), so the worker
+threads of the side before have gone idle: OpenBLAS's spin for about 0.1 s after a call (measured: a jitted search
+timed right after NumPy's matmul took 1.3x the CPU time it took after a pause), OpenMP's for a while too.
+`compare` reports each side's median seconds (and items per second when `work` is given), the ratio reference /
+ours of the medians (> 1: ours is faster), and the spread: the smallest and largest ratio of the alternations' pairs. `load_average()` is the machine's 1, 5 and
 15 minute load average (os.getloadavg) at the moment it is called: print it with every result. `row` makes
 the line benchmarks/run_all.py puts in its table (capability, ours, reference, ratio, spread, load average).
 """
@@ -28,8 +30,13 @@ def load_average() -> list[float]:
     return []
 
 
-def interleaved(sides: dict[str, Callable[[], Any]], alternations: int = 3, warmup: bool = True) -> dict:
-  """{name: [seconds per alternation]}; one untimed warm-up call of each side first (compile, caches)."""
+PAUSE_S = 0.25
+
+
+def interleaved(sides: dict[str, Callable[[], Any]], alternations: int = 3, warmup: bool = True,
+                pause: float = PAUSE_S) -> dict:
+  """{name: [seconds per alternation]}; one untimed warm-up call of each side first (compile, caches); `pause`
+  seconds of idle before each timed call (not timed)."""
   names = list(sides)
   if warmup:
     for n in names:
@@ -37,6 +44,8 @@ def interleaved(sides: dict[str, Callable[[], Any]], alternations: int = 3, warm
   times = {n: [] for n in names}
   for i in range(alternations):
     for n in (names if i % 2 == 0 else names[::-1]):
+      if pause:
+        time.sleep(pause)
       t = time.perf_counter()
       sides[n]()
       times[n].append(time.perf_counter() - t)

