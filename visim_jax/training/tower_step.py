@@ -267,9 +267,10 @@ def batch_loss(hp: Hparams, tower_: Tower, trainable: dict, frozen: dict, batch:
 
 def init_state(hp: Hparams, tower_: Tower, variables: dict, key: jax.Array | None = None,
                image_shape: tuple[int, int, int] | None = None) -> tuple[State, dict]:
-  """(State, frozen variables) at step 0: LoRA from peft's init ('lora'), the backbone's params ('full'), a head
-  (heads.init) on the feature; `image_shape` (H, W, C) sizes the head by shape inference (default: the normalised
-  input of a 224 px image is not assumed: pass it when a head is trained)."""
+  """(State, frozen variables) at step 0: LoRA from peft's init ('lora'), a copy of the backbone's params ('full'),
+  a head (heads.init) on the feature, sized by shape inference on one image of `image_shape` (H, W, C): required
+  when a head trains. `frozen` is what the step reads but does not train (the backbone's variables in 'lora' and
+  'frozen'; its non-params collections in 'full')."""
   hp.check()
   key = jax.random.PRNGKey(hp.seed) if key is None else key
   trainable, frozen = {}, dict(variables)
