@@ -228,6 +228,7 @@ def main(argv):
     if i and budget and time.time() - t0 > budget * 0.75:
       break
     for k in (list(sides) if i % 2 == 0 else list(sides)[::-1]):
+      time.sleep(getattr(interleaved, 'PAUSE_S', 0.0))   # the other side's worker threads idle first
       t = time.perf_counter()
       sides[k]()
       times[k].append(time.perf_counter() - t)
