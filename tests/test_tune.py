@@ -1,7 +1,7 @@
 """The tune experiment on a tiny random ViT over teacher triplets of a few demo photos: it learns and writes a small
 LoRA file, `tuned:` loads it as the run embedded, a killed run resumes identically, a size that does not fit is
 refused before anything is written, every field is checked, the human-judgement sources (BAPPS 2AFC, THINGS) train,
-and `:demo` runs at a CI size with the leaderboard before / after."""
+`:demo` runs at a CI size, the leaderboard before / after ranks both towers, and 8 devices with fsdp train what 1 does."""
 import json
 import os
 import sys
@@ -164,20 +164,29 @@ def test_human_sources_bapps_and_things(tmp_path, human_demo_sets):
     tune.run(tiny(tmp_path, source='bapps', bapps_dir=h.bapps, loss='jsd'), str(tmp_path / 'x'), progress=False)
 
 
-def test_demo_mode_at_ci_size_with_the_leaderboard(tmp_path):
-  """`:demo` as documented (EfficientNet-Lite0 with its real weights, LoRA on its last 1x1 convolutions, an AlexNet
-  teacher over the demo photos, the leaderboard of the demo human sets before and after) at a CI size."""
+def test_demo_mode_at_ci_size(tmp_path):
+  """`:demo` as documented (EfficientNet-Lite0 with its real weights, LoRA on its last 1x1 convolution, an AlexNet
+  teacher over the demo photos) at a CI size: 32 photos, 2 steps; the leaderboard step is the next test's."""
   c = cfg.get_config('demo')
-  c.demo.update({'root': str(tmp_path / 'demo'), 'n_pairs': 8})
-  c.cache_dir, c.plots = str(tmp_path / 'cache'), False
-  c.triplets.update({'n_train': 100, 'n_val': 40, 'clusters': 3})
-  c.steps, c.batch_size, c.eval_every, c.checkpoint_every = 2, 2, 2, 2
+  c.demo.update({'root': str(tmp_path / 'demo'), 'n_pairs': 16})
+  c.cache_dir, c.plots, c.leaderboard, c.lora.targets = str(tmp_path / 'cache'), False, False, 'conv_head'
+  c.triplets.update({'n_train': 100, 'n_val': 40, 'clusters': 4})
+  c.steps, c.batch_size, c.eval_every, c.checkpoint_every, c.image_batch_size = 2, 2, 2, 2, 16
   m = tune.run(c, str(tmp_path / 'demo_run'), progress=False)
-  assert m['backbone'] == 'efficientnet_lite0' and m['trainable_parameters'] > 0
+  assert m['backbone'] == 'efficientnet_lite0' and m['trainable_parameters'] == 8 * (320 + 1280)
+  assert all(0 <= m['results'][k]['accuracy'] <= 1 for k in ('frozen', 'tuned'))
+
+
+def test_leaderboard_before_and_after(tmp_path):
+  """config.leaderboard: the demo human sets rank the frozen tower (`cosine:`) and the tuned one (`tuned:`), and
+  metrics.json (written last) holds the board."""
+  m = tune.run(tiny(tmp_path, steps=2, eval_every=2, checkpoint_every=2, leaderboard=True), str(tmp_path / 'run'),
+               progress=False)
   board = m['leaderboard']
-  assert board['models'] == ['cosine:efficientnet_lite0', f'tuned:{tmp_path / "demo_run"}']
+  assert board['models'] == ['cosine:vit:tiny', f'tuned:{tmp_path / "run"}']
   assert set(board['results'][board['models'][1]]) == {'nights', 'bapps_2afc', 'bapps_jnd', 'things'}
-  assert json.load(open(tmp_path / 'demo_run' / 'metrics.json'))['leaderboard'] == board
+  assert json.load(open(tmp_path / 'run' / 'metrics.json'))['leaderboard'] == board
+  assert os.path.isfile(tmp_path / 'run' / 'leaderboard' / 'leaderboard.md')
 
 
 _EIGHT = r'''
