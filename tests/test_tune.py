@@ -151,6 +151,11 @@ def test_config_refusals(tmp_path, field, value, match):
   assert '\n' not in str(e.value)
 
 
+def test_hinge_needs_cosine(tmp_path):
+  with pytest.raises(UserError, match="^config.similarity: the hinge trains on DreamSim's distance"):
+    tune.validate_config(tiny(tmp_path, loss='hinge', similarity='dot'))
+
+
 def test_human_sources_bapps_and_things(tmp_path, human_demo_sets):
   """BAPPS 2AFC train sets (hinge on the judges' fraction; held out: val sets) and THINGS choices (hard targets)."""
   h = human_demo_sets

@@ -115,6 +115,8 @@ def parse(config) -> TuneOptions:
     raise checks.fail('tau', 'a softmax of cosines (in [-1, 1]) divided by tau >= 10 is near uniform and cannot '
                       "learn; use tau ~0.05 with similarity='cosine', or similarity='dot' (AligNet's tau 100)",
                       config.tau)
+  if loss == 'hinge' and sim != 'cosine':
+    raise checks.fail('similarity', "the hinge trains on DreamSim's distance 1 - cosine: use 'cosine'", sim)
   checks.number(config, 'margin', 0, 2)
   checks.choice(config, 'hinge_ref', HINGE_REFS)
   ties = checks.choice(config, 'ties', ('lt', 'le', 'split'))
