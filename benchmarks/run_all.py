@@ -4,7 +4,7 @@ r"""Runs every capability benchmark and prints one table: capability, ours, refe
   python benchmarks/run_all.py --small    # the same comparisons at small sizes, a few minutes
   python benchmarks/run_all.py --only=adapt,twoafc
   python benchmarks/run_all.py --dry_run  # the commands it would run
-  python benchmarks/run_all.py --gpu      # every capability on one GPU in at most 420 s (GPU_PLAN)
+  python benchmarks/run_all.py --gpu      # every capability on one GPU in at most 435 s (GPU_PLAN)
   python benchmarks/run_all.py --gpu --dry_run   # the GPU plan: each script, its budget and its command
 
 Each script runs as a subprocess (its arguments: PRESETS[--small or full] on a CPU, the bare GPU-size defaults
@@ -15,7 +15,7 @@ alternations, the load average when measured). The table goes into benchmarks/RE
 of every script into benchmarks/results_all.json. A script that fails or times out gets a row saying so.
 
 --gpu runs GPU_PLAN instead: each entry one script with GPU sizes chosen to finish, its own budget (a subprocess
-timeout; the budgets add up to at most GPU_TOTAL_S = 420 s), the float32 precision of both sides set explicitly
+timeout; the budgets add up to at most GPU_TOTAL_S = 435 s), the float32 precision of both sides set explicitly
 ($VISIM_BENCH_PRECISION -> benchmarks/precision.py) and written in its JSON. Each script's progress lines are
 echoed as they come, and its JSON is printed and appended to benchmarks/results_gpu.jsonl as soon as it finishes,
 so a suite that is killed keeps what finished; the table goes between `<!-- run_all_gpu:begin -->` and
@@ -43,7 +43,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCRIPTS = ('extract', 'adapt', 'histograms', 'simnet', 'twoafc', 'extract_clip', 'search', 'leaderboard', 'lpips',
-           'learn_triplets')
+           'learn_triplets', 'metrics')
 BEGIN, END = '<!-- run_all:begin -->', '<!-- run_all:end -->'
 MAX_LOAD = 2.0   # a CPU run's 1-minute load average above this is a contended box: RESULTS.md is not written
 # the arguments of each script on a CPU: 'full' (the RESULTS.md sizes) and 'small' (minutes in all)
@@ -59,6 +59,7 @@ PRESETS = {
         'leaderboard': ['--small'],
         'lpips': [],
         'learn_triplets': ['--mode=compare'],
+        'metrics': ['--size=128', '--pairs=64'],
     },
     'small': {
         'adapt': ['--preset=small'],
@@ -72,13 +73,14 @@ PRESETS = {
         'lpips': [],
         'learn_triplets': ['--mode=compare', '--images=2000', '--dim=128', '--emb=128', '--batch=128',
                            '--steps=20', '--triplets=20000'],
+        'metrics': ['--size=64', '--pairs=16', '--batch=8', '--alternations=3'],
     },
 }
 
 
 # --gpu: (entry name, script, arguments, budget in seconds, float32 precision of both sides). Sizes are chosen so that
 # each finishes within its budget on one H100 (80 GB) with 16 host cores, start-up and compilation included.
-GPU_TOTAL_S = 420
+GPU_TOTAL_S = 435
 GPU_PLAN = (
     ('pipeline', 'pipeline', ['--files=1024', '--batch=256', '--dtype=bfloat16', '--repeats=2', '--alternations=2'],
      25, 'fp32'),
@@ -97,6 +99,7 @@ GPU_PLAN = (
     ('twoafc', 'twoafc', ['--n_triplets=2000000', '--loop_triplets=20000', '--sweep_triplets=20000',
                           '--repeats=2'], 20, 'fp32'),
     ('learn_triplets', 'learn_triplets', ['--mode=compare', '--steps=50', '--alternations=3'], 20, 'fp32'),
+    ('metrics', 'metrics', ['--size=256', '--pairs=512', '--batch=128'], 15, 'fp32'),
     # ViT-B/16 LoRA step vs PyTorch + peft, bfloat16 compute on both sides (the script's preset; it stops at 80 s)
     ('tune_step_vitb16_lora', 'tune_step', ['--gpu_preset'], 90, 'fp32'),
 )
@@ -110,6 +113,7 @@ GPU_NEEDS = {
     'extract_clip_b32': ('transformers', 'hf_flax_free'),
     'extract_siglip_dreamsim': ('transformers',),
     'lpips': ('lpips', 'lpips_weights'),
+    'metrics': ('pytorch_msssim', 'piq', 'DISTS_pytorch'),
 }
 
 
@@ -402,7 +406,7 @@ def main(argv=None):
   ap.add_argument('--sizes', default='auto', choices=('auto', 'cpu', 'default'),
                   help="auto: PRESETS when jax's backend is the CPU; cpu: always; default: the scripts' bare "
                        "defaults (the issues' GPU sizes)")
-  ap.add_argument('--gpu', action='store_true', help='GPU_PLAN: every capability on one GPU within GPU_TOTAL_S = 420 s')
+  ap.add_argument('--gpu', action='store_true', help='GPU_PLAN: every capability on one GPU within GPU_TOTAL_S = 435 s')
   ap.add_argument('--gpu_jsonl', default=os.path.join(HERE, 'results_gpu.jsonl'),
                   help='--gpu: each finished script\'s JSON is appended here at once')
   ap.add_argument('--max_load', type=float, default=None,

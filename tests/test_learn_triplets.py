@@ -78,7 +78,7 @@ def test_killed_run_resumes_identically(reference, tmp_path, monkeypatch):
     ('head', 'lora', 'config.head: one of'),
     ('loss', 'mse', 'config.loss: one of'),
     ('similarity', 'l2', 'config.similarity'),
-    ('tau', 0.0, r'config.tau: must be a finite number in \(0'),
+    ('tau', 0.0, r'config.tau: must be a finite number in \[0.0001'),
     ('tau', float('nan'), 'config.tau'),
     ('steps', 0, 'config.steps'),
     ('batch_size', 0, 'config.batch_size'),

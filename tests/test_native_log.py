@@ -19,7 +19,7 @@ def test_filter_lines_drops_only_chatter():
 
 
 def test_installed_filter_on_fd_2():
-  code = ('import os, sys; from visim_jax import native_log; assert native_log.install(); '
+  code = ('import os, sys; from visim_jax.core import native_log; assert native_log.install(); '
           f'os.write(2, {CHATTER!r}); os.write(2, b"kept native\\n"); print("kept python", file=sys.stderr)')
   p = subprocess.run([sys.executable, '-c', code], capture_output=True, env={**os.environ, 'PYTHONPATH': ROOT},
                      timeout=60)

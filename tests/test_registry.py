@@ -37,14 +37,11 @@ def _arithmetic(name: str) -> int:
   """The pooled size from the family's architecture data (the widths its module builds), without building it."""
   target = registry.target(name)
   if target == HF:
-    import transformers
     from visim_jax.backbones import hf
     spec = hf.SPECS[name]
-    cls = {'clip': transformers.CLIPVisionConfig, 'vit': transformers.ViTConfig, 'dinov2': transformers.Dinov2Config,
-           'resnet': transformers.ResNetConfig, 'regnet': transformers.RegNetConfig}[spec.family]
-    config = cls(**spec.config)
+    cfg = hf.family_config(spec.family, spec.config)  # config.json fields over the config class's defaults
     # ViT-like: the pooled / CLS token (hidden_size); ResNet / RegNet: stage1..stage4 concatenated
-    return config.hidden_size if spec.family in hf.VIT_LIKE else sum(config.hidden_sizes)
+    return cfg['hidden_size'] if spec.family in hf.VIT_LIKE else sum(cfg['hidden_sizes'])
   if target == CLIP_RN:
     from visim_jax.backbones import clip_resnet
     arch = clip_resnet.ARCHS[name]

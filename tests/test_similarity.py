@@ -160,8 +160,8 @@ def fake_lpips(monkeypatch):
     return jnp.where(same, 0.0, distance(params, embed(params, u0), embed(params, u1)))
   mod.load_lpips, mod.embed, mod.distance, mod.pair_distance = load_lpips, embed, distance, pair_distance
   monkeypatch.setitem(sys.modules, 'visim_jax.models.lpips', mod)
-  import visim_jax
-  monkeypatch.setattr(visim_jax, 'lpips', mod, raising=False)   # `from visim_jax import lpips` reads the attribute
+  import visim_jax.models
+  monkeypatch.setattr(visim_jax.models, 'lpips', mod, raising=False)   # `from visim_jax.models import lpips` reads it
   return mod
 
 

@@ -43,7 +43,7 @@ from visim_jax.core.errors import UserError
 
 WHERE = 'visim_jax.load'
 SHORT = {'dreamsim': 'cosine:dreamsim_ensemble', 'lpips': 'lpips:alex', 'lpips_alex': 'lpips:alex',
-         'lpips_vgg': 'lpips:vgg'}
+         'lpips_vgg': 'lpips:vgg', **{m: m for m in ('psnr', 'ssim', 'ms_ssim', 'l1', 'l2', 'dists')}}
 
 
 def resolve_spec(spec: str) -> str:
@@ -98,7 +98,7 @@ class Model:
     sim = self.similarity
     if self.is_embedding:
       return {'backbone': sim.backbone.variables, 'head': sim.params}
-    return sim.params.params
+    return getattr(sim.params, 'params', sim.params)   # LPIPS / DISTS parameters; None for the pixel metrics
 
   def __repr__(self) -> str:
     return f'visim_jax.Model({self.spec!r}, kind={self.kind!r})'
@@ -132,11 +132,14 @@ class Model:
     else:
       from visim_jax.models import lpips  # pylint: disable=g-import-not-at-top
       x0, x1 = _lpips_batch(img0, 'img0'), _lpips_batch(img1, 'img1')
+      if len(x0) != len(x1):
+        raise UserError(f'{WHERE}: img0 has {len(x0)} images, img1 {len(x1)}: give pairs')
       if x0.shape != x1.shape:
         raise UserError(f'{WHERE}: img0 {x0.shape} and img1 {x1.shape} differ: LPIPS compares same-size images '
                         '(resize them first)')
-      d = np.concatenate([np.asarray(lpips.lpips_distance(sim.params, x0[s:s + self.batch_size],
-                                                          x1[s:s + self.batch_size]))
+      fn = ((lambda a, b: lpips.lpips_distance(sim.params, a, b)) if self.kind == 'lpips' else  # metrics (docs/metrics.md)
+            (lambda a, b: scoring._jitted(sim.distance)(sim.params, a, b)))  # pylint: disable=protected-access
+      d = np.concatenate([np.asarray(fn(x0[s:s + self.batch_size], x1[s:s + self.batch_size]))
                           for s in range(0, len(x0), self.batch_size)]) if len(x0) else np.zeros(0, np.float32)
     return float(d[0]) if single0 and single1 else d
 
@@ -149,7 +152,7 @@ class Model:
     sim = self.similarity
     x = lpips.as_unit_range(x, 'x', WHERE)
     if not self.is_embedding:
-      return lpips.embed(params, x)
+      return lpips.embed(params, x) if self.kind == 'lpips' else x   # the metrics compare the images themselves
     from visim_jax.backbones import features  # pylint: disable=g-import-not-at-top
     size = sim.preprocess.size
     if tuple(x.shape[1:3]) != (size, size):
@@ -164,6 +167,8 @@ class Model:
     """Pure: (N,) distances between float NHWC batches in [0, 1] (see `apply`); a training loss."""
     from visim_jax.models import lpips  # pylint: disable=g-import-not-at-top
     if not self.is_embedding:
+      if self.kind != 'lpips':   # psnr, ssim, ms_ssim, l1, l2, dists
+        return self.similarity.distance(params, self.apply(params, x0), self.apply(params, x1))
       return lpips.distance(params, self.apply(params, x0), self.apply(params, x1))
     return self.similarity.distance(params['head'], self.apply(params, x0), self.apply(params, x1))
 
@@ -191,6 +196,9 @@ def _as_items(images, what: str) -> tuple[list, bool]:
     return [images], True
   if isinstance(images, np.ndarray) or hasattr(images, '__array__') and not isinstance(images, (list, tuple)):
     a = np.asarray(images)
+    if a.ndim in (3, 4) and a.shape[-1] in (3, 4) and 0 in a.shape[-3:-1]:
+      raise UserError(f'{WHERE}: {what}: an image of {a.shape[-3]} x {a.shape[-2]} pixels (shape {a.shape}); give '
+                      'images with pixels')
     if a.ndim == 3 and a.shape[-1] in (3, 4):
       return [_check_array(a, what)], True
     if a.ndim == 4 and a.shape[-1] in (3, 4):
@@ -247,13 +255,28 @@ def load(spec: str, *, fetch: bool = True, batch_size: int = 32, dtype: str = 'f
   """The model SPEC names (module docstring), its weights fetched and converted once when missing (fetch=False:
   never download; the error names the command)."""
   from visim_jax.zoo import interface, similarity  # pylint: disable=g-import-not-at-top
-  spec = resolve_spec(spec)
+  try:
+    spec = resolve_spec(spec)
+  except UserError as e:
+    raise UserError(_library_words(str(e))) from None
   name = _backbone_of(spec)
   if fetch and name is not None:
     from visim_jax import fetch as fetch_lib  # pylint: disable=g-import-not-at-top
     fetch_lib.ensure_weights(name, progress=True)
   if dtype not in ('float32', 'bfloat16'):
     raise UserError(f"{WHERE}: dtype={dtype!r}; 'float32' or 'bfloat16'")
-  sim = similarity.build(spec, interface.Options(cache_dir=None, batch_size=batch_size, dtype=dtype,
-                                                  progress=progress))
+  if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 2**16:
+    raise UserError(f'{WHERE}: batch_size={batch_size!r}; an integer in 1..65536 (images per forward pass)')
+  try:
+    sim = similarity.build(spec, interface.Options(cache_dir=None, batch_size=batch_size, dtype=dtype,
+                                                    progress=progress))
+  except UserError as e:   # the zoo speaks of config.models (the command line); here the argument is the spec
+    raise UserError(_library_words(str(e))) from None
   return Model(spec, sim, batch_size, dtype, progress)
+
+
+def _library_words(msg: str) -> str:
+  """A zoo error in the library's words: `visim_jax.load: <spec>: ...` instead of `config.models: <spec>: ...`."""
+  from visim_jax.zoo import interface  # pylint: disable=g-import-not-at-top
+  head = f'{interface.FIELD}: '
+  return f'{WHERE}: ' + msg[len(head):] if msg.startswith(head) else msg

@@ -287,17 +287,22 @@ def _base_tensors(branch: Branch, folder: str, tiny: bool, sources: dict) -> dic
   sd = {('ln_pre.' + k[len('pos_drop.'):] if k.startswith('pos_drop.') else k): v for k, v in sd.items()}
   arch = branch.tiny if tiny else branch.arch
   if branch.pos_offset is not None and 'pos_embed' in sd:
-    sd['pos_embed'] = resize_pos_embed(sd['pos_embed'], arch.image_size // arch.patch, branch.pos_offset)
+    sd['pos_embed'] = resize_pos_embed(sd['pos_embed'], arch.image_size // arch.patch, branch.pos_offset, path)
   weights_lib.check_fits(vit.to_flax(sd, path), vit.variable_shapes(arch), branch.model_type, path)
   return sd
 
 
-def resize_pos_embed(pos: np.ndarray, grid: int, offset: float) -> np.ndarray:
+def resize_pos_embed(pos: np.ndarray, grid: int, offset: float, path: str = 'checkpoint') -> np.ndarray:
   """torch hub DINOv2's `interpolate_pos_encoding` for a grid x grid input: the M x M patch positions resized by
   `interpolate(mode='bicubic', scale_factor=(grid + offset) / M)` (align_corners False, no antialias), the class
-  position kept; float64 matrices, float32 result."""
+  position kept; float64 matrices, float32 result. A pos_embed of another form (not (1, 1 + M^2, D)) is refused
+  naming the checkpoint."""
   from visim_jax.backbones.hf import torch_bicubic_matrix  # pylint: disable=g-import-not-at-top
-  m = int(round(np.sqrt(pos.shape[1] - 1)))
+  shape = tuple(np.shape(pos))
+  m = int(round(np.sqrt(shape[1] - 1))) if len(shape) == 3 and shape[0] == 1 and shape[1] >= 2 else 0
+  if not m or m * m + 1 != shape[1] or not shape[2]:
+    raise UserError(f'{path}: pos_embed has shape {shape}, not (1, 1 + M*M, D) (a class position and an M x M grid '
+                    'of a ViT); not a DINO / DINOv2 checkpoint: point --checkpoint at the one DreamSim loads')
   if m == grid:
     return pos
   w = torch_bicubic_matrix(m, grid, scale_factor=(grid + offset) / m)

@@ -1,54 +1,69 @@
-"""The Hugging Face Flax families (transformers 4.57): CLIP vision, ViT, DINOv2, ResNet, RegNet.
+"""The Hugging Face families: CLIP vision, ViT, DINOv2, ResNet, RegNet, as visim_jax's own Flax modules loading the
+hub checkpoints' own files by their keys (no transformers at run time).
 
 Paper 001 (Risser-Maroix et al., Sec. 3 and annex Table 1) pools several layers of residual networks
 (the four stage outputs: ResNet-50/101/152 -> 256+512+1024+2048 = 3840 dims) and only the last layer of
 transformers ("we only extracted features from one of the last layer in models marked with a *":
 ViT, DINO ViT, CLIP ViT-B/32 -> 768 dims, i.e. the width of the final pooled token, before any projection).
 
+Modules (checked against transformers' PyTorch `modeling_clip.py`, `modeling_vit.py`, `modeling_dinov2.py`,
+`modeling_resnet.py`, `modeling_regnet.py`, 4.57 and 5.x):
+- CLIP vision, ViT and DINOv2 are vit.py's VisionTransformer (pre-norm blocks, fused qkv, final LayerNorm, CLS):
+  CLIP with `ln_pre` (pre_layrnorm), a patch convolution without bias, quick_gelu, LayerNorm eps 1e-5, and its
+  post_layernorm on the CLS token (= the final norm applied to every token, then the CLS taken); ViT with exact
+  GELU and LayerNorm eps 1e-12 (ViTConfig's); DINOv2 with LayerScale (layer_scale1/2.lambda1) and eps 1e-6.
+  The architecture fields come from the checkpoint's config.json (read as JSON over the config class's defaults).
+- ResNet and RegNet: hf_resnet.py (module names mirroring the checkpoint keys).
+
 Stages returned (`apply_fn(variables, x_nhwc) -> (final, stages)`):
-- ViT-like (clip_vit_*, vit_*, dinov2_*): 'embeddings' (tokens entering block 1), 'block1'..'blockL' (the
-  hidden state after each transformer block, (N, 1 + patches, C); pooled by `features.pool` as a token mean,
-  CLS token included), and 'pooled' (N, C): the final CLS token after the model's last LayerNorm
-  (CLIP: post_layernorm, the input of the text-image projection; ViT/DINOv2: the final layernorm).
-  `final` = 'pooled'. Default layers: ('pooled',), as the paper. Intermediate blocks are selectable by name
-  (`config.layers=['block6', 'block12', 'pooled']` or `layers=` here).
-  Note: for ViT the HF 'pooler' (dense + tanh, untrained in the ImageNet-1k classifier checkpoint) is not used.
+- ViT-like (clip_vit_*, vit_*, dinov2_*): 'embeddings' (tokens entering block 1; CLIP: after pre_layrnorm),
+  'block1'..'blockL' (the hidden state after each transformer block, (N, 1 + patches, C); pooled by `features.pool`
+  as a token mean, CLS token included), and 'pooled' (N, C): the final CLS token after the model's last LayerNorm
+  (CLIP: post_layernorm, the input of the text-image projection; ViT/DINOv2: the final layernorm) = transformers'
+  hidden_states[0..L] and pooler_output (ViT: last_hidden_state[:, 0]). `final` = 'pooled'. Default layers:
+  ('pooled',), as the paper. Intermediate blocks are selectable by name (`config.layers=['block6', 'block12',
+  'pooled']` or `layers=` here). Note: for ViT the HF 'pooler' (dense + tanh, absent from the ImageNet-1k
+  classifier checkpoint) is not used.
 - ResNet-like (hf_resnet*, regnet_*; the HF microsoft/resnet-* weights are timm-derived, not torchvision's:
-  the paper's resnet18..152 are resnet.py's): 'stem' (after the stem max-pool), 'stage1'..'stage4' (NHWC), 'pooled' (global
-  average of stage4, (N, C)). `final` = 'pooled'. Default layers: the four stage outputs.
+  the paper's resnet18..152 are resnet.py's): 'stem' (after the stem max-pool), 'stage1'..'stage4' (NHWC), 'pooled'
+  (global average of stage4, (N, C)). `final` = 'pooled'. Default layers: the four stage outputs.
 
 Preprocessing follows each reference image processor: CLIP (CLIPImageProcessor): shorter side 224 bicubic,
 centre crop 224, CLIP mean/std; ViT (ViTImageProcessor): squash to 224 bilinear, mean = std = 0.5;
 DINOv2 (BitImageProcessor): shorter side 256 bicubic, crop 224, ImageNet mean/std; ResNet/RegNet
 (ConvNextImageProcessor, crop_pct 0.875): shorter side 256 bicubic, crop 224, ImageNet mean/std.
 
-DINOv2 (pre-trained at 518 px, 37x37 position embeddings) at 224 px: the PyTorch reference resizes the position
-embeddings with `interpolate(size=(16, 16), mode='bicubic', align_corners=False)` (cubic a = -0.75); transformers'
-Flax port uses a different kernel and scale (outputs differ by ~1e-2), so `_dinov2_at_size` resizes them the
-reference way (`torch_bicubic_matrix`) and hands the module a config of the input size.
+DINOv2 (pre-trained at 518 px, 37x37 position embeddings) at 224 px: the PyTorch reference (transformers'
+`Dinov2Embeddings.interpolate_pos_encoding`) resizes the position embeddings with
+`interpolate(size=(16, 16), mode='bicubic', align_corners=False)` in float32 (cubic a = -0.75); `_dinov2_at_size`
+does the same with `torch_bicubic_matrix`, as the transformers-Flax version of this file did.
 
-The transformers Flax modules take NHWC inside (their public __call__ transposes NCHW pixel_values); here the
-module's `apply` is wrapped in a pure function with output_hidden_states=True, run at the dtype of the input
-(bfloat16 inputs build a bfloat16 module, so the matmuls run in bf16), and the ResNet hidden states (which the
-modules hand back NCHW) are transposed to NHWC.
-
-Weights: see weights.py (local folder, HF cache, hub only when allowed). `random_init=SEED` builds the real
-architecture with random weights (no network); `tiny=True` a tiny config of the family (tests).
+Weights: a save_pretrained / hub snapshot folder (see weights.py: local folder, HF cache, hub only when allowed)
+with config.json and one of flax_model.msgpack (msgpack, no pickle), model.safetensors, pytorch_model.bin (read by
+core.safe_pickle's restricted unpickler, no torch), preferred in that order (`state_file`; the weights_id is that
+file's sha256, as before). Every format is brought to the PyTorch checkpoint's keys and layouts (`load_state`), the
+base model's entries are picked by key (with or without the 'vision_model.' / 'vit.' / 'dinov2.' / 'resnet.' /
+'regnet.' prefix of a checkpoint with a head or a text tower) and checked against the config's shapes.
+`random_init=SEED` builds the real architecture with random weights (no network); `tiny=True` a tiny config of the
+family (tests). The random weights are drawn as the transformers-Flax version drew them (weights.random_variables
+over the Flax port's parameter tree, in its order), so 'random:SEED' keeps meaning the same numbers.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
-import os
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax.backbones import hf_resnet, vit
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone, sha256_file
+from visim_jax.backbones.hf_checkpoint import (  # noqa: F401 (hf.load_state etc.: the fetch side's names, hf-api)
+    DEFAULTS, PREFIXES, STATE_FILES, VIT_LIKE, checkpoint_keys, convnet_arch, family_config, load_state,
+    module_shapes, random_state, read_config, state_file, variables_from_state, vit_arch)
 from visim_jax.core.errors import UserError
 from visim_jax.data.preprocess import Preprocess
 
@@ -75,7 +90,7 @@ def _preprocess(family: str, size: int = 224) -> Preprocess:
 class Spec:
   family: str              # clip | vit | dinov2 | resnet | regnet
   hub_id: str
-  config: dict             # the real architecture (used for random_init and to check loaded weights)
+  config: dict             # the real architecture in config.json fields (random_init; checked against loaded ones)
   description: str
 
 
@@ -147,21 +162,18 @@ TINY: dict[str, dict] = {
                    layer_type='y'),
 }
 
-VIT_LIKE = ('clip', 'vit', 'dinov2')
 # fields that must agree between a loaded config.json and the named architecture
 _ARCH_FIELDS = ('hidden_size', 'num_hidden_layers', 'patch_size', 'hidden_sizes', 'depths', 'layer_type')
 
 
-def _classes(family: str):
-  import transformers  # pylint: disable=g-import-not-at-top
-  return {
-      'clip': (transformers.CLIPVisionConfig, transformers.FlaxCLIPVisionModel, {}),
-      'vit': (transformers.ViTConfig, transformers.FlaxViTModel, {'add_pooling_layer': False}),
-      'dinov2': (transformers.Dinov2Config, transformers.FlaxDinov2Model, {}),
-      'resnet': (transformers.ResNetConfig, transformers.FlaxResNetModel, {}),
-      'regnet': (transformers.RegNetConfig, transformers.FlaxRegNetModel, {}),
-  }[family]
+def _check_arch(name: str, folder: str, want: dict, cfg: dict) -> None:
+  for k in _ARCH_FIELDS:
+    if k in want and k in cfg and list(np.atleast_1d(cfg[k])) != list(np.atleast_1d(want[k])):
+      raise UserError(f'{name}: weights in {folder} are a different architecture: config.json {k}='
+                      f'{cfg[k]!r}, {name} expects {want[k]!r}')
 
+
+# ------------------------------------------------------------------------------------------------- the backbone
 
 def torch_bicubic_matrix(n_in: int, n_out: int, a: float = -0.75, scale_factor: float | None = None) -> np.ndarray:
   """(n_out, n_in) matrix of PyTorch's `interpolate(mode='bicubic', align_corners=False)` along one axis.
@@ -186,47 +198,35 @@ def torch_bicubic_matrix(n_in: int, n_out: int, a: float = -0.75, scale_factor: 
   return m
 
 
-def _dinov2_at_size(arch, variables, size: int):
-  """DINOv2 at an input grid other than its pre-training one (518 -> 224): the position embeddings resized the
-  way the PyTorch reference does (transformers' Flax port resizes differently), and an architecture of that size."""
-  pe = variables['params']['embeddings']['position_embeddings']
+def _dinov2_at_size(arch: vit.Arch, variables, size: int):
+  """DINOv2 at an input grid other than its pre-training one (518 -> 224): the position embeddings resized the way
+  the PyTorch reference does (float32, torch_bicubic_matrix), and the Arch of that grid."""
+  pe = variables['params']['pos_embed']
   n = int(round(np.sqrt(pe.shape[1] - 1)))
-  g = size // arch.patch_size
+  g = size // arch.patch
   if g == n:
     return arch, variables
   m = jnp.asarray(torch_bicubic_matrix(n, g), jnp.float32)
   grid = pe[0, 1:].reshape(n, n, -1).astype(jnp.float32)
   grid = jnp.einsum('ia,jb,abc->ijc', m, m, grid, precision=jax.lax.Precision.HIGHEST).reshape(g * g, -1)
   new_pe = jnp.concatenate([pe[0, :1].astype(jnp.float32), grid])[None].astype(pe.dtype)
-  params = dict(variables['params'])
-  params['embeddings'] = dict(params['embeddings'], position_embeddings=new_pe)
-  arch = copy.deepcopy(arch)
-  arch.image_size = g * arch.patch_size
-  return arch, dict(variables, params=params)
+  params = dict(variables['params'], pos_embed=new_pe)
+  return dataclasses.replace(arch, image_size=g * arch.patch), dict(variables, params=params)
 
 
-def apply_hf(module_class, module_kwargs: dict, arch, family: str, variables, x):
-  """Pure (final, stages) of a transformers Flax module on a normalised NHWC batch, computed at x.dtype."""
+def apply_vit_like(family: str, arch: vit.Arch, variables, x):
+  """Pure (final, stages) of CLIP vision / ViT / DINOv2 on a normalised NHWC batch, computed at x.dtype."""
   if family == 'dinov2':
     if x.shape[1] != x.shape[2]:
       raise UserError(f'dinov2: square inputs only, got {x.shape}')
     arch, variables = _dinov2_at_size(arch, variables, x.shape[1])
-  module = module_class(config=arch, dtype=x.dtype, **module_kwargs)
-  out = module.apply(variables, x, deterministic=True, output_hidden_states=True, return_dict=True)
-  hs = out.hidden_states
-  stages = {}
-  if family in VIT_LIKE:
-    stages['embeddings'] = hs[0]
-    for i, h in enumerate(hs[1:]):
-      stages[f'block{i + 1}'] = h
-    pooled = out.last_hidden_state[:, 0] if family == 'vit' else out.pooler_output
-  else:
-    stages['stem'] = jnp.transpose(hs[0], (0, 2, 3, 1))
-    for i, h in enumerate(hs[1:]):
-      stages[f'stage{i + 1}'] = jnp.transpose(h, (0, 2, 3, 1))
-    pooled = out.pooler_output.reshape(out.pooler_output.shape[:2])
-  stages['pooled'] = pooled
-  return pooled, stages
+  final, stages = vit.apply_vit(arch, variables, x)
+  return final, {k: v for k, v in stages.items() if k in ('embeddings', 'pooled') or k.startswith('block')}
+
+
+def apply_convnet(arch: hf_resnet.Arch, variables, x):
+  """Pure (final, stages) of HF ResNet / RegNet on a normalised NHWC batch, computed at x.dtype."""
+  return hf_resnet.ConvNet(arch, x.dtype).apply(variables, x)
 
 
 def _default_layers(family: str) -> tuple[str, ...]:
@@ -241,117 +241,52 @@ def _parse_layers(layers) -> tuple[str, ...] | None:
   return tuple(layers)
 
 
-def _random_variables(module, size: int, seed: int):
-  x = jnp.zeros((1, size, size, 3), jnp.float32)
-  return weights_lib.random_variables(lambda key: module.init({'params': key}, x, deterministic=True), seed)
-
-
-def _check_arch(name: str, folder: str, want: dict, arch) -> None:
-  for k in _ARCH_FIELDS:
-    if k in want and hasattr(arch, k) and list(np.atleast_1d(getattr(arch, k))) != list(np.atleast_1d(want[k])):
-      raise UserError(f'{name}: weights in {folder} are a different architecture: config.json {k}='
-                       f'{getattr(arch, k)!r}, {name} expects {want[k]!r}')
-
-
-def _image_size(family: str, arch, tiny: bool) -> int:
+def _image_size(family: str, cfg: dict, tiny: bool) -> int:
   """The input size: the position-embedding grid of CLIP/ViT (224 for the registered models), else 224."""
   if family in ('clip', 'vit'):
-    return int(arch.image_size)
+    return int(cfg['image_size'])
   return TINY_SIZE if tiny else 224
 
 
-def read_hf_state(path: str, model_cls, shapes: dict) -> dict:
-  """{collection: tree} from flax_model.msgpack (msgpack, no pickle) or model.safetensors (PyTorch layout, converted
-  by transformers' PyTorch->Flax renaming, without torch). `shapes` is the eval_shape of the module's init."""
-  if path.endswith('.msgpack'):
-    from flax import serialization  # pylint: disable=g-import-not-at-top
-    with open(path, 'rb') as f:
-      data = f.read()
-    try:
-      state = serialization.msgpack_restore(data)
-    except Exception as e:  # noqa: BLE001: truncated / not msgpack
-      raise UserError(f'{path}: not a readable flax msgpack file ({type(e).__name__}: '
-                      f'{" ".join(str(e).split())[:120]}); download it again') from None
-  else:
-    import types  # pylint: disable=g-import-not-at-top
-    from transformers.modeling_flax_pytorch_utils import convert_pytorch_state_dict_to_flax  # pylint: disable=g-import-not-at-top
-    shim = types.SimpleNamespace(base_model_prefix=model_cls.base_model_prefix,
-                                 params=shapes if 'batch_stats' in shapes else shapes['params'])
-    from visim_jax.core import readers  # pylint: disable=g-import-not-at-top
-    state = convert_pytorch_state_dict_to_flax(readers.read_safetensors(path), shim)
-  state = dict(state)
-  return state if 'params' in state else {'params': state}
-
-
-def select_variables(state: dict, shapes: dict, prefix: str, where: str) -> dict:
-  """The variables `shapes` asks for, taken from `state` with or without the base-model prefix (a checkpoint of
-  a model with a head, or of a two-tower CLIP, holds more); missing or mis-shaped entries fail naming `where`."""
-  from flax.traverse_util import flatten_dict, unflatten_dict  # pylint: disable=g-import-not-at-top
-  have = flatten_dict(state)
-  out, missing, wrong = {}, [], []
-  for key, sd in flatten_dict(shapes).items():
-    col, rest = key[0], key[1:]
-    candidates = [key, (col, prefix) + rest] + ([(col,) + rest[1:]] if rest and rest[0] == prefix else [])
-    found = next((c for c in candidates if c in have), None)
-    if found is None:
-      missing.append('/'.join(key))
-      continue
-    value = np.asarray(have[found])
-    if value.shape != tuple(sd.shape):
-      wrong.append(f'{"/".join(key)} {value.shape} != {tuple(sd.shape)}')
-      continue
-    out[key] = value.astype(np.float32) if np.issubdtype(value.dtype, np.floating) else value
-  if missing or wrong:
-    raise UserError(f'{where}: weights do not fit the architecture ({len(missing)} missing, e.g. {missing[:3]}; '
-                     f'{len(wrong)} of a wrong shape, e.g. {wrong[:3]})')
-  return unflatten_dict(out)
+def _apply_fn(family: str, cfg: dict):
+  if family in VIT_LIKE:
+    return functools.partial(apply_vit_like, family, vit_arch(family, cfg))
+  return functools.partial(apply_convnet, convnet_arch(family, cfg))
 
 
 def _load_pretrained(name: str, want: dict, folder: str, family: str):
-  from visim_jax.core import readers  # pylint: disable=g-import-not-at-top
-  path = weights_lib.hf_weight_file(folder, name)
-  readers.read_json(os.path.join(folder, 'config.json'), dict, 'config.json')  # bad bytes / a list: one line
-  config_cls, model_cls, module_kwargs = _classes(family)
-  try:
-    config = config_cls.from_pretrained(folder, local_files_only=True)
-  except Exception as e:  # noqa: BLE001: transformers' own refusal of a config it cannot read
-    raise UserError(f'{os.path.join(folder, "config.json")}: transformers cannot read it as a {config_cls.__name__} '
-                    f'({type(e).__name__}: {" ".join(str(e).split())[:160]})') from None
-  _check_arch(name, folder, want, config)
-  module = model_cls.module_class(config=config, **module_kwargs)
-  size = _image_size(family, config, tiny=False)
-  x = jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32)
-  shapes = dict(jax.eval_shape(lambda x: module.init({'params': jax.random.PRNGKey(0)}, x, deterministic=True), x))
-  state = read_hf_state(path, model_cls, shapes)
-  variables = select_variables(state, shapes, model_cls.base_model_prefix, f'{name}: {path}')
-  return config, variables, sha256_file(path)
+  path = state_file(folder)
+  cfg = read_config(folder, family, name)
+  _check_arch(name, folder, want, cfg)
+  variables = variables_from_state(family, cfg, load_state(path), f'{name}: {path}')
+  return cfg, variables, sha256_file(path)
 
 
 def hf_backbone(name: str, weights: str | None = None, random_init: int | None = None, tiny: bool = False,
                 layers: str | Sequence[str] | None = None) -> Backbone:
-  """A registered HF Flax backbone: pretrained (offline-first), `random_init=SEED`, or `tiny=True` (random)."""
+  """A registered HF backbone: pretrained (offline-first), `random_init=SEED`, or `tiny=True` (random)."""
   if name not in SPECS:
     raise UserError(f'unknown HF backbone {name!r}; known: {", ".join(sorted(SPECS))}')
   spec = SPECS[name]
-  config_cls, model_cls, module_kwargs = _classes(spec.family)
   if weights is not None and random_init is not None:
     raise UserError(f'{name}: weights= and random_init= are exclusive')
   want = TINY[spec.family] if tiny else spec.config
   if weights is None and (tiny or random_init is not None):
     seed = 0 if random_init is None else int(random_init)
-    config = config_cls(**want)
-    module = model_cls.module_class(config=config, **module_kwargs)
-    variables = _random_variables(module, _image_size(spec.family, config, tiny), seed)
+    cfg = family_config(spec.family, want)
+    sd = random_state(spec.family, cfg, seed)
+    variables = (module_shapes(spec.family, cfg) if sd is None else
+                 variables_from_state(spec.family, cfg, sd, f'{name}: random weights'))
     weights_id = f'random:{seed}' + (':tiny' if tiny else '')
     description = f'{spec.description} [random weights, seed {seed}{", tiny config" if tiny else ""}]'
   else:  # tiny=True with weights=: a tiny-config folder (tests)
     folder = weights_lib.resolve_hf_folder(name, spec.hub_id, weights)
-    config, variables, weights_id = _load_pretrained(name, want, folder, spec.family)
+    cfg, variables, weights_id = _load_pretrained(name, want, folder, spec.family)
     description = f'{spec.description} [{folder}]'
-  size = _image_size(spec.family, config, tiny)
+  size = _image_size(spec.family, cfg, tiny)
   backbone = Backbone(
       name=name,
-      apply_fn=functools.partial(apply_hf, model_cls.module_class, module_kwargs, config, spec.family),
+      apply_fn=_apply_fn(spec.family, cfg),
       variables=variables,
       preprocess=_preprocess(spec.family, size),
       layers=_parse_layers(layers) or _default_layers(spec.family),
@@ -364,4 +299,3 @@ def hf_backbone(name: str, weights: str | None = None, random_init: int | None =
     if unknown:
       raise UserError(f'{name}: layers={sorted(unknown)} unknown; stages: {", ".join(backbone.stage_names())}')
   return backbone
-

@@ -88,7 +88,8 @@ _CLIP_RN = {
 }
 _add_family('visim_jax.backbones.clip_resnet:clip_resnet', _CLIP_RN)
 
-# Hugging Face Flax families (visim_jax/backbones/hf.py); descriptions kept here so listing imports nothing
+# Hugging Face families (visim_jax/backbones/hf.py: our Flax modules, the hub files read by key); descriptions kept
+# here so listing imports nothing
 _HF = {
     'clip_vit_b32': (768, 'CLIP ViT-B/32 image tower (openai/clip-vit-base-patch32), pooled token 768-d', 'hf:openai/clip-vit-base-patch32'),
     'clip_vit_b16': (768, 'CLIP ViT-B/16 image tower (openai/clip-vit-base-patch16), pooled token 768-d', 'hf:openai/clip-vit-base-patch16'),

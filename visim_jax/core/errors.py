@@ -69,8 +69,21 @@ def one_line(e: BaseException) -> str:
   return ' '.join(str(e).split()) or type(e).__name__
 
 
+def close_progress_bars() -> None:
+  """Closes every open tqdm bar (each ends its line), so that a message printed next starts on a line of its own and
+  no bar is drawn again after it (a bar left open by an exception would be, when it is garbage-collected)."""
+  tqdm = getattr(sys.modules.get('tqdm.std'), 'tqdm', None)   # never imported here: no bar if tqdm never was
+  for bar in list(getattr(tqdm, '_instances', ()) or ()):
+    try:
+      bar.close()
+    except Exception:  # noqa: BLE001  pylint: disable=broad-except  (a bar half torn down: nothing to close)
+      pass
+
+
 def report_and_exit(e: BaseException, verbose: bool = False) -> None:
-  """Prints `error: <message>` on stderr (the traceback too when verbose) and exits with status 1."""
+  """Prints `error: <message>` on stderr, after closing any open progress bar (the traceback too when verbose),
+  and exits with status 1."""
+  close_progress_bars()
   if verbose or os.environ.get('VISIM_TRACEBACK'):
     import traceback
     traceback.print_exception(e)
@@ -112,6 +125,7 @@ def main_wrapper(main):
     except KeyboardInterrupt:
       if _verbose():
         raise
+      close_progress_bars()
       print('error: interrupted; rerun the same command to resume from the last checkpoint', file=sys.stderr,
             flush=True)
       sys.exit(130)

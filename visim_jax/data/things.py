@@ -22,6 +22,7 @@ plus the triplet file anywhere (`triplets_file=`).
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 
@@ -106,8 +107,10 @@ def _fast_ints(path: str, cols, skip: int, delimiter) -> np.ndarray | None:
   """The integer columns `cols` of a large table in one C pass (np.loadtxt), or None when any row does not
   parse (then the line-by-line reader names the line)."""
   try:
-    return np.loadtxt(path, dtype=np.int64, delimiter=delimiter, skiprows=skip, usecols=cols, ndmin=2,
-                      comments=None, encoding='utf-8-sig')
+    with warnings.catch_warnings():   # a header-only file: numpy's 'input contained no data' is ours to say
+      warnings.simplefilter('ignore', UserWarning)
+      return np.loadtxt(path, dtype=np.int64, delimiter=delimiter, skiprows=skip, usecols=cols, ndmin=2,
+                        comments=None, encoding='utf-8-sig')
   except (ValueError, IndexError, OverflowError):
     return None
 

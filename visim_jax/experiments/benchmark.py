@@ -72,6 +72,9 @@ def validate_config(config) -> list[str]:
     if not config[parent] and not (config.dataset == 'demo' and parent == 'things_dir'):
       checks.unused(config, [f], f'without config.{parent}')
   checks.choice(config, 'dataset', ('folders', 'demo'))
+  checks.choice(config, 'rank_test', ('bootstrap', 'sign', 'none'))   # metrics/paired.py (docs/metrics.md)
+  checks.flag(config, 'twoafc_loglik')
+  checks.fraction(config, 'loglik_bandwidth')
   if config.dataset != 'demo' and not any(config[f] for f in DATA_FIELDS):
     raise UserError(f'config.nights_dir: no data given: set at least one of {", ".join(DATA_FIELDS)} (or run '
                     '--config=configs/benchmark.py:demo)')
@@ -106,6 +109,7 @@ def fingerprint(sim, protocol: str, tasks, config) -> runtime.Fingerprint:
   if sim.preprocess is None:
     recorded['lpips_size'] = config.lpips_size
   recorded.update({f: config[f] for f in PROTOCOL_FIELDS.get(protocol, ())})
+  recorded['items'] = 1   # cells carry their per-item data (paired tests): records written before are recomputed
   return runtime.fingerprint(recorded, [a for t in tasks for a in t.arrays])
 
 
@@ -170,7 +174,12 @@ def _cells(config, workdir, specs, protocols, models, record, progress, t0) -> d
         key = (sim.feature_key, pre.describe().__repr__(), tuple(task.paths))
         if key not in memo:
           memo[key] = sim.featurize(task.paths, f'{protocol}-{task.subset}', pre)
-        res.update(task.score(sim, memo[key], sopts))
+        try:
+          res.update(task.score(sim, memo[key], sopts))
+        except UserError as e:   # a metric that does not apply to these images (MS-SSIM below 161 px): not scored
+          if sim.kind not in interface.METRIC_KINDS:
+            raise
+          res[task.subset] = degenerate.result(f'not applicable: {e}', 0)
       timing[f'{spec} / {protocol}'] = time.time() - t1
       computed += 1
       record.write()
@@ -180,8 +189,11 @@ def _cells(config, workdir, specs, protocols, models, record, progress, t0) -> d
                                  'results': res, 'timing_s': timing[f'{spec} / {protocol}']})
     results[spec][protocol] = res
   bar.close()
-  board = leaderboard.build(results, specs, list(protocols))
-  summary = {'experiment': 'benchmark', 'models': specs, 'protocols': list(protocols), 'results': results,
+  board = leaderboard.build(results, specs, list(protocols), leaderboard.RankOptions(
+      config.rank_test, 1 - config.ci_level, config.n_boot or 1000, config.seed, config.twoafc_loglik,
+      config.loglik_bandwidth))
+  summary = {'experiment': 'benchmark', 'models': specs, 'protocols': list(protocols),
+             'results': leaderboard.without_items(results), 'rank_test': config.rank_test,
              'identities': {s: models[s].identity for s in specs}, 'computed_cells': computed,
              'read_back_cells': len(jobs) - computed, 'timing_s': {'total': time.time() - t0, 'cells': timing},
              'ci': f'{100 * config.ci_level:g}% percentile bootstrap ({config.n_boot} resamples)'}

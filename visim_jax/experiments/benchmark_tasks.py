@@ -78,7 +78,8 @@ def twoafc_task(protocol: str, subset: str, s) -> Task:
     from visim_jax.metrics import human
     d0 = _pairs(sim, feats, ref, p0, opts, f'{subset} d(ref, p0)')
     d1 = _pairs(sim, feats, ref, p1, opts, f'{subset} d(ref, p1)')
-    return {subset: human.twoafc_interval(d0, d1, s.judge, **_ci(opts))}
+    return {subset: {**human.twoafc_interval(d0, d1, s.judge, **_ci(opts)), 'items': {  # paired tests
+        'kind': '2afc', 'd0': d0.tolist(), 'd1': d1.tolist(), 'judge': np.asarray(s.judge, float).tolist()}}}
   return Task(protocol, subset, paths, [ref, p0, p1, np.asarray(s.judge)], score)
 
 
@@ -89,7 +90,8 @@ def jnd_task(subset: str, s) -> Task:
   def score(sim, feats, opts):
     from visim_jax.metrics import human
     d = _pairs(sim, feats, p0, p1, opts, f'{subset} d(p0, p1)')
-    return {subset: human.jnd_interval(d, s.same, **_ci(opts))}
+    return {subset: {**human.jnd_interval(d, s.same, **_ci(opts)),
+                     'items': {'kind': 'jnd', 'd': d.tolist(), 'same': np.asarray(s.same, float).tolist()}}}
   return Task('bapps_jnd', subset, paths, [p0, p1, np.asarray(s.same)], score)
 
 
@@ -101,7 +103,9 @@ def odd_one_out_task(subset: str, s) -> Task:
     from visim_jax.metrics import human
     pairs = ((0, 1), (0, 2), (1, 2))
     d = np.stack([_pairs(sim, feats, rows[:, a], rows[:, b], opts, f'{subset} pair {a}{b}') for a, b in pairs], 1)
-    return {subset: human.odd_one_out_interval(d, s.odd, opts.things_ties, **_ci(opts))}
+    values = np.asarray(human.odd_one_out_correct(d, s.odd, opts.things_ties)).tolist()
+    return {subset: {**human.odd_one_out_interval(d, s.odd, opts.things_ties, **_ci(opts)),
+                     'items': {'kind': 'mean', 'values': values}}}
   return Task('things', subset, paths, [rows, np.asarray(s.odd)], score)
 
 
@@ -114,7 +118,11 @@ def tll_task(pairs) -> Task:
     from visim_jax.metrics import retrieval
     left = scoring.take_rows(feats, np.arange(n))
     right = scoring.take_rows(feats, np.arange(n, 2 * n))
-    return retrieval.asymmetric_recall_intervals(-scoring.distance_matrix(sim, left, right), opts.ks, **_ci(opts))
+    s = -scoring.distance_matrix(sim, left, right)
+    out = retrieval.asymmetric_recall_intervals(s, opts.ks, **_ci(opts))
+    best = np.minimum(*(np.asarray(r) for r in retrieval.partner_ranks(jnp.asarray(s))))   # per pair: paired tests
+    return {c: {**cell, 'items': {'kind': 'mean', 'values': (best <= int(c[3:])).astype(float).tolist()}}
+            for c, cell in out.items()}
   return Task('tll', 'aR@k', paths, [np.asarray([n])], score)
 
 
@@ -131,7 +139,8 @@ def cosis_task(subset: str, t, paths_of: dict) -> Task:
     scores = np.asarray(twoafc.score(-jnp.asarray(da), -jnp.asarray(db), jnp.asarray(t.a_closer)))
     sm = twoafc.summary(scores, t.ref, opts.n_boot, opts.alpha, opts.seed)
     cell = {'score': sm['accuracy'], 'ci_low': sm['ci_low'], 'ci_high': sm['ci_high'], 'n': sm['n_triplets']}
-    return {subset: {**cell, **({'degenerate': sm['degenerate']} if 'degenerate' in sm else {})}}
+    items = {'kind': 'mean', 'values': scores.astype(float).tolist(), 'clusters': np.asarray(t.ref).tolist()}
+    return {subset: {**cell, **({'degenerate': sm['degenerate']} if 'degenerate' in sm else {}), 'items': items}}
   return Task('cosis', subset, paths, [ref, a, b, t.a_closer], score)
 
 
@@ -141,7 +150,10 @@ def classes_task(data) -> Task:
   def score(sim, feats, opts):
     from visim_jax.metrics import map as map_lib
     s = -scoring.distance_matrix(sim, feats, feats)
-    return {'mAP': map_lib.leave_one_out_interval(s, labels, opts.ks, **_ci(opts))}
+    pos, junk = map_lib.label_masks(labels, labels, np.arange(len(labels)))
+    ap = np.asarray(map_lib.summarise(s, pos, junk, opts.ks)['ap'], np.float64)   # per query: paired tests
+    return {'mAP': {**map_lib.leave_one_out_interval(s, labels, opts.ks, **_ci(opts)),
+                    'items': {'kind': 'mean', 'values': ap[np.isfinite(ap)].tolist()}}}
   return Task('classes', 'mAP', list(data.paths), [labels], score)
 
 

@@ -39,10 +39,11 @@ from visim_jax.models import heads
 from visim_jax.training import head_file, runtime
 from visim_jax.data import triplet_index
 from visim_jax.training import head_step
+from visim_jax.experiments import learn_triplets_data
 from visim_jax.experiments.learn_triplets_data import load_data  # noqa: F401
 from visim_jax.experiments import config_fields
 from visim_jax.experiments.learn_triplets_parse import (  # noqa: F401 (the gate)
-    LOSS_FOR_TARGET, SOURCES, hparams_from_config, validate_config)
+    LOSS_FOR_TARGET, SOURCES, check_targets, hparams_from_config, validate_config)
 
 # --------------------------------------------------------------------------------------------- run
 
@@ -63,11 +64,15 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   hp = hparams_from_config(config)
   t0 = time.time()
   if config.generate_only:   # the teacher's index files only (no student features, no training)
+    _refuse_finished(workdir)
     _, train, val, _ = load_data(config, workdir, progress)
+    check_targets(config, train, val, hp)
+    learn_triplets_data.write_index_files(workdir, train, val)
     out = {k: os.path.join(os.path.abspath(workdir), f'triplets_{k}.npz') for k in ('train', 'val')}
     runtime.say(f'wrote {len(train):,} train / {len(val):,} held-out teacher triplets: {out["train"]}, {out["val"]}')
     return {'experiment': 'learn_triplets', 'generate_only': True, 'index_files': out}
   x, train, val, desc = load_data(config, workdir, progress)
+  check_targets(config, train, val, hp)
   ok = LOSS_FOR_TARGET[train.target_kind]
   if hp.loss not in ok:
     raise checks.fail('loss', f'the triplets hold {train.target_kind} targets: use one of {ok}', hp.loss)
@@ -102,6 +107,8 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   fp = fingerprint(hp, config.eval_every, x, train, val)
   recorded = config_fields.recorded_config(config, uses_backbone=config.source != 'synthetic')
   with runtime.Run(workdir, recorded, fp, config.checkpoint, progress, desc='train (steps)') as rt:
+    if config.source in ('demo', 'folder'):   # only now: the fingerprint accepted this workdir
+      learn_triplets_data.write_index_files(rt.workdir, train, val)
     t1 = time.time()
     template = {'state': jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep),
                                       jax.eval_shape(lambda: head_step.init_state(hp, x.shape[1]))), **host()}
@@ -143,6 +150,15 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
         plots.curves(tree, frozen, untrained, hp, rt.path('curves.png'))
   _print(metrics, workdir)
   return metrics
+
+
+def _refuse_finished(workdir: str) -> None:
+  """generate_only writes index files: never over those a trained head of this workdir was trained on."""
+  found = [f for f in ('head.npz', 'metrics.json', 'config.json', 'checkpoints') if os.path.exists(
+      os.path.join(workdir, f))]
+  if found:
+    raise checks.fail('generate_only', f'{workdir} holds a training run ({", ".join(found)}): its index files are '
+                      'the ones its head was trained on; give a new --workdir', True)
 
 
 def _print(m: dict, workdir: str) -> None:

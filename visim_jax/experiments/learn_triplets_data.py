@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from visim_jax.core import ops, report
+from visim_jax.core import memory, ops, report
 from visim_jax.training import runtime
 from visim_jax.data import teacher_labels, triplet_index
 from visim_jax.backbones import features as features_lib
@@ -18,6 +18,9 @@ def _synthetic(config):
   Dt orthonormal random directions weighted exp(0) .. exp(-4), t = (x Q) w: cosine on x agrees with it little
   (~55% of odd-one-out choices), an affine head can learn it exactly."""
   s = config.synthetic
+  memory.check({'synthetic features': s.n_images * (12 * s.dim + 8 * s.teacher_dim)},
+               ['config.synthetic.n_images', 'config.synthetic.dim'], f'n_images={s.n_images}, dim={s.dim}',
+               'making the synthetic features')
   rng = np.random.default_rng(s.seed)
   x = rng.standard_normal((s.n_images, s.dim)).astype(np.float32)
   x /= np.linalg.norm(x, axis=1, keepdims=True)
@@ -43,8 +46,14 @@ def _teacher_features(config, paths, progress) -> tuple[np.ndarray, dict]:
   with c.unlocked():
     c.backbone, c.layers = t.backbone, t.layers
     c.backbone_kwargs.weights, c.backbone_kwargs.random_init = '', -1
-  fo = config_fields.options(c)
-  backbone, layers = features_lib.build(fo)
+  try:   # the student's field checks and builder, on the teacher's fields: its errors name them
+    fo = config_fields.options(c)
+    backbone, layers = features_lib.build(fo)
+  except (UserError, ValueError) as e:   # the registry's ValueError('config.backbone: ...') too
+    if not str(e).startswith('config.'):
+      raise
+    raise UserError(str(e).replace('config.backbone:', 'config.teacher.backbone:').replace(
+        'config.layers:', 'config.teacher.layers:')) from None
   feats = features_lib.features_of(fo, backbone, layers, paths, tag='teacher', progress=progress)
   return np.asarray(feats, np.float32), features_lib.describe(backbone, layers)
 
@@ -73,15 +82,14 @@ def load_data(config, workdir: str, progress: bool = True):
     if train.target_kind != val.target_kind:
       raise UserError(f'{config.val_file}: holds {val.target_kind} targets, {config.train_file} {train.target_kind}')
     from visim_jax.data.judgements import check_files
-    check_files(train.images, 'image')
-    paths = train.images
+    paths = _resolved(config.train_file, train.images)
+    check_files(paths, 'image')
   else:
     paths = _images(config)
     runtime.say(f'teacher {config.teacher.backbone}: labelling triplets over {len(paths)} images')
     teach, tdesc = _teacher_features(config, paths, progress)
     train, val = _generate(teach, paths, gen, {'teacher': tdesc})
-    _write_index_files(workdir, train, val)
-    if config.generate_only:
+    if config.generate_only:   # the caller writes the index files (write_index_files), after its checks
       return None, train, val, None
   runtime.say(f'student {backbone.name}: features of {len(paths)} images')
   x = np.asarray(features_lib.features_of(fo, backbone, layers, paths, tag='triplets', progress=progress),
@@ -89,17 +97,47 @@ def load_data(config, workdir: str, progress: bool = True):
   return x, train, val, {**features_lib.describe(backbone, layers), 'source': config.source}
 
 
-def _write_index_files(workdir: str, train, val) -> None:
-  """<workdir>/triplets_{train,val}.npz (process 0); OS errors as one line."""
+def write_index_files(workdir: str, train, val) -> None:
+  """<workdir>/triplets_{train,val}.npz (process 0), each only when it is not already there with the same contents
+  (a rerun leaves a finished workdir's files untouched); OS errors as one line."""
   if not report.is_writer():
     return
   ops.check_writable_dir(workdir, 'workdir')
   for name, s in (('train', train), ('val', val)):
     path = os.path.join(workdir, f'triplets_{name}.npz')
+    if os.path.isfile(path) and _same(path, s):
+      continue
     try:
       triplet_index.save(path, s)
     except OSError as e:
       raise runtime.os_error(e, path, 'writing the triplet index file') from e
+
+
+def _same(path: str, s) -> bool:
+  try:
+    old = triplet_index.load(path)
+  except UserError:
+    return False
+  return (old.target_kind == s.target_kind and old.images == list(s.images)
+          and np.array_equal(old.triplets, s.triplets) and np.array_equal(old.target, s.target))
+
+
+def _resolved(index_file: str, images) -> list[str]:
+  """An index file's image paths: absolute as written, relative ones under the file's own folder (not the working
+  folder), never climbing out of it."""
+  from visim_jax.data import resolve
+  inside = resolve.Root(os.path.dirname(os.path.abspath(index_file))).inside
+  return [p if os.path.isabs(p) else inside(p, f'{index_file}: images[{i}]', 'image path')
+          for i, p in enumerate(images)]
+
+
+def generation_bytes(n_train: int, n_val: int, n_images: int, dim: int) -> dict[str, int]:
+  """What teacher_labels.generate holds at its peak (bytes): ~260 per triplet (sampling indices, triplets and
+  similarities; tracemalloc measured 230-252), four blocks of up to 2^18 gathered teacher rows, and the teacher's
+  features with their normalised copy (checked against measured peaks in tests/test_gate_learning.py)."""
+  n = max(n_train, n_val)
+  return {'triplets': 260 * (n_train + n_val), 'similarity blocks': 16 * min(1 << 18, n) * dim,
+          'teacher features': 12 * n_images * dim}
 
 
 def _human(config):
@@ -117,6 +155,9 @@ def _human(config):
 
 
 def _generate(teacher, names, gen: dict, meta: dict):
+  memory.check(generation_bytes(gen['n_train'], gen['n_val'], len(teacher), teacher.shape[1]),
+               ['config.triplets.n_train', 'config.triplets.n_val'],
+               f'n_train={gen["n_train"]:,}, n_val={gen["n_val"]:,}', 'generating the triplets')
   try:
     return teacher_labels.generate(teacher, names, meta=meta, **gen)
   except ValueError as e:   # too few images for the split / clusters for the sampling

@@ -2,6 +2,7 @@
 (hparams_from_config), before anything is read or allocated."""
 from __future__ import annotations
 
+from visim_jax.core.errors import UserError
 from visim_jax.experiments import checks
 from visim_jax.models import heads
 from visim_jax.losses import odd_one_out
@@ -46,8 +47,8 @@ def validate_config(config) -> None:
   checks.choice(config, 'schedule', head_step.SCHEDULES)
   checks.choice(config, 'ties', ('lt', 'le', 'split'))
   checks.integer(config, 'size', 1, 2**16)
-  checks.number(config, 'tau', 0, 1e6, lo_open=True)
-  checks.number(config, 'target_tau', 0, 1e6, lo_open=True)
+  checks.number(config, 'tau', 1e-4, 1e6)          # below 1e-4 Adam's squared gradients overflow float32
+  checks.number(config, 'target_tau', 1e-4, 1e6)
   checks.number(config, 'margin', 0, 2)
   checks.number(config, 'lr', 0, 10, lo_open=True)
   checks.integer(config, 'warmup', 0, 10**9)
@@ -84,3 +85,42 @@ def validate_config(config) -> None:
   checks.integer(config, 'demo.n_pairs', 8, 10**5)
   checks.seed(config, 'demo.seed')
   config_fields.options(config)  # the backbone fields parsed (checked) once here too
+  check_temperatures(config)
+
+
+COSINE_TAU_MAX = 2.0   # cosines span [-1, 1]: at tau 2 no probability of the softmax can leave [0.21, 0.58]
+
+
+def check_temperatures(config) -> None:
+  """A temperature that makes a cosine softmax near uniform cannot learn (AligNet's tau = 100 is for raw dot products
+  of unnormalised ViT outputs, in the hundreds): refused in one line naming the field."""
+  if config.loss in ('jsd', 'kl', 'hard') and config.similarity == 'cosine' and config.tau > COSINE_TAU_MAX:
+    raise checks.fail('tau', f'with similarity=cosine the student\'s logits s / tau span at most 2 / tau, so its '
+                      f'probabilities stay near 1/3 and nothing is learned: use tau <= {COSINE_TAU_MAX:g} (e.g. 0.05), '
+                      'or similarity=dot (AligNet\'s tau = 100 is for raw dot products)', config.tau)
+  if config.loss in ('jsd', 'kl') and config.source in ('demo', 'folder', 'synthetic') \
+     and config.teacher.similarity == 'cosine' and config.target_tau > COSINE_TAU_MAX:
+    raise checks.fail('target_tau', 'the teacher\'s cosines divided by it give near-uniform targets: use '
+                      f'target_tau <= {COSINE_TAU_MAX:g} (e.g. 0.05)', config.target_tau)
+
+
+def check_targets(config, train, val, hp) -> None:
+  """Targets that decide something: held-out (and train) triplets that are not all tied, similarities that the
+  temperature does not take past float32."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  where = {'files': (config.train_file, config.val_file), 'things': (config.things_file,) * 2,
+           'nights': (config.nights_dir,) * 2}.get(config.source, ('config.teacher',) * 2)
+  for name, s, w in (('train', train, where[0]), ('held-out', val, where[1])):
+    t = np.asarray(s.target, np.float64)
+    if s.target_kind == 'similarities':
+      tied = (t == t.max(1, keepdims=True)).sum(1) > 1
+      if np.abs(t).max() / min(hp.target_tau, 1.0) > 1e30:
+        raise UserError(f'{w}: {name} similarities reach {np.abs(t).max():.3g}: divided by config.target_tau they '
+                        'overflow float32; rescale them')
+    elif s.target_kind == 'judge':
+      tied = t == 0.5
+    else:
+      tied = np.zeros(len(t), bool)
+    if tied.all():
+      raise UserError(f'{w}: every {name} triplet ties (no odd one out, no preferred image): there is nothing to '
+                      f'{"score" if name == "held-out" else "learn"}; a constant teacher or labels?')

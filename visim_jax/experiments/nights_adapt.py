@@ -88,14 +88,21 @@ def _pca(feats, rows, dim: int):
   return p, pca.transform(p, feats)
 
 
+PARAM_COPIES = 14   # see memory_bytes
+
+
 def memory_bytes(hp: human_heads.Hparams, n_images: int, feat_dim: int, pca_dim: int) -> dict[str, int]:
-  """What training holds at once (bytes, a lower bound), per part: every seed's parameters with Adam's two moments,
-  the gradient and the best copy; every seed embeds every image per step (forward, gradient, normalised copy);
-  the host-side epoch logs (4 per seed and epoch, with their checkpoint copy); the features (and their PCA)."""
+  """What training holds at once (bytes), per part. Parameters: 14 copies of every seed's (in + 1) x out weights:
+  the state (params, Adam's two moments, the best copy) both in and out of a jitted chunk (8; XLA's
+  memory_analysis of human_heads.train_chunk: arguments 4.0, outputs 4.0), the step's gradients and updates (temps
+  2.0) and the checkpoint's host copy of the state (4); measured 14.2 from the peak RSS of 1 vs 8 seeds (Lite0 1776
+  -> 2048, CPU, 2026-11-26), where the former estimate said 5. Every seed embeds every image per step (forward,
+  gradient, normalised copy); the host-side epoch logs (4 per seed and epoch, with their checkpoint copy); the
+  features (and their PCA)."""
   f32 = memory.F32
   in_dim = pca_dim if hp.model == 'adapter' else feat_dim
   out = hp.adapt_dim if hp.model == 'adapter' else hp.embed_dim
-  return {'parameters': 5 * hp.seeds * (in_dim + 1) * out * f32,
+  return {'parameters': PARAM_COPIES * hp.seeds * (in_dim + 1) * out * f32,
           'activations': 3 * hp.seeds * n_images * out * f32,
           'epoch logs': 2 * len(human_heads.EpochLog._fields) * hp.seeds * hp.epochs * f32,
           'features': n_images * (feat_dim + in_dim) * f32}

@@ -163,6 +163,9 @@ def as_unit_range(images, what: str = 'images', where: str = 'lpips') -> jax.Arr
     raise UserError(f'{where}: {what} must be uint8 (0..255) or float in [0, 1], got {images.dtype}')
   if not isinstance(images, jax.core.Tracer) and images.size:
     a = np.asarray(images)   # a concrete array, on the host (np.min of a jax Array inside a trace would trace)
+    if not np.isfinite(a).all():   # NaN passes every comparison: refused as the range is
+      raise UserError(f'{where}: {what} holds {int((~np.isfinite(a)).sum())} NaN / Inf value(s); images are finite, '
+                      'in [0, 1] (float) or uint8')
     lo, hi = float(a.min()), float(a.max())
     if lo < -RANGE_SLACK or hi > 1 + RANGE_SLACK:
       hint = ('they look like [-1, 1] (LPIPS\'s own convention): pass (x + 1) / 2' if lo < -RANGE_SLACK and hi <= 1.5

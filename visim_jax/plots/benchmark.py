@@ -1,7 +1,8 @@
-"""The leaderboard's figure: models x protocol columns, each cell coloured by its rank in the column on a
-discrete scale (one colour per rank, 1 = best; tied scores share a rank and a colour, marked '='), annotated
-with the score and its bootstrap interval; degenerate cells (metrics/degenerate.py) grey, hatched and labelled
-with their kind, never ranked; missing cells blank. Models ordered by their mean rank."""
+"""The leaderboard's figure: models x protocol columns, each cell coloured by its rank GROUP in the column on a
+discrete scale (metrics/leaderboard.py: 1 + the number of models significantly better in a paired test; models
+that cannot be separated share a group and a colour, marked '='), annotated with the score and its bootstrap
+interval; a column's significant best framed in black; degenerate cells (metrics/degenerate.py) grey, hatched and
+labelled with their kind, never ranked; missing cells blank. Models ordered by their mean rank."""
 from __future__ import annotations
 
 import matplotlib
@@ -52,7 +53,9 @@ def rank_heatmap(board, path: str) -> None:
       tied = int(np.sum(ranks[:, j] == r)) > 1
       dark = (r - 1) / max(n_ranks - 1, 1) > 0.5
       ax.text(j, i, _cell_text(cell, r, tied), ha='center', va='center', fontsize=6.5,
-              color='white' if dark else 'black')
+              color='white' if dark else 'black', fontweight='bold' if board.best.get(c) == board.models[m] else None)
+      if board.best.get(c) == board.models[m]:
+        ax.add_patch(Rectangle((j - 0.47, i - 0.47), 0.94, 0.94, fill=False, edgecolor='black', lw=1.6))
   ax.set_xticks(range(n_c))
   ax.set_xticklabels([f'{p}\n{s}' for p, s in board.columns], fontsize=7, rotation=45, ha='right')
   ax.set_yticks(range(n_m))
@@ -65,7 +68,10 @@ def rank_heatmap(board, path: str) -> None:
              for k in range(n_ranks)]
   if any_degenerate:
     handles.append(Patch(facecolor=GREY, hatch='///', edgecolor='grey', label='degenerate (not ranked)'))
+  handles.append(Patch(facecolor='white', edgecolor='black', lw=1.6, label='significantly best'))
+  test = getattr(board, 'test', 'none')
   ax.legend(handles=handles, loc='upper left', bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False,
-            title='rank in column', title_fontsize=7)
-  ax.set_title('Leaderboard: score [95% interval] and rank per column (= : tied)', fontsize=9)
+            title='rank group in column' if test != 'none' else 'rank in column', title_fontsize=7)
+  ax.set_title('Leaderboard: score [95% interval] and rank group per column (= : not separable; '
+               f'{"paired " + test if test != "none" else "no test"})', fontsize=9)
   report.save_figure(fig, path)

@@ -189,8 +189,9 @@ def from_workdir(workdir: str, run: int = 0, out: str | None = None, sigma: int 
       raise UserError(f'{metrics_path}: not a run\'s metrics (a JSON object expected); move it away to convert '
                       'without its meta')
     if m.get('experiment', 'adapt') != 'adapt':
-      own = (f'; it wrote {os.path.join(workdir, "adapter.npz")} itself' if m['experiment'] == 'nights_adapt'
-             else '')
+      wrote = [f for f in ('adapter.npz', 'triplet_head.npz', 'head.npz') if os.path.isfile(os.path.join(workdir, f))]
+      own = (f'; it wrote {os.path.join(workdir, wrote[0])} itself' if wrote and m['experiment'] in (
+          'nights_adapt', 'learn_triplets') else '')
       raise UserError(f'--workdir: {workdir}: a {m["experiment"]} workdir{own}; export takes the workdir of an '
                       'adaptation run (configs/tll.py or configs/demo.py, paper 001) with checkpoints/')
     meta.update({k: m.get(k) for k in ('backbone', 'layers', 'weights_sha256')})

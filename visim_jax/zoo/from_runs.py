@@ -180,12 +180,20 @@ def triplets_model(spec, target, option, opts):
   path = os.path.join(target, 'head.npz') if os.path.isdir(target) else target
   if not os.path.isfile(path):
     raise bad(spec, f'{path}: no head.npz (give a finished learn_triplets workdir)')
-  params, meta = head_file.load_head(path)
+  try:   # a crafted or damaged file is one line naming it (training/head_file.py)
+    params, meta = head_file.load_head(path)
+  except UserError as e:
+    raise bad(spec, str(e)) from None
   if not meta.get('backbone'):
     raise bad(spec, f'{path}: the head was trained on synthetic features: it cannot describe images')
   backbone, layers = backbone_from(spec, meta['backbone'], meta.get('layers'), meta.get('weights_sha256'))
+  try:
+    head_file.check_shapes(path, params, meta, sum(backbone.layer_dims(layers).values()))
+  except UserError as e:
+    raise bad(spec, str(e)) from None
   transform = jax.jit(functools.partial(heads.apply, meta['head'], params))
   ident = {**backbone_identity(backbone, layers), 'head_sha256': file_sha(path)}
   dist = _dot_distance if meta.get('similarity') == 'dot' else cosine_distance
   return Similarity(spec, 'triplets', dist, None, pooled_featurizer(backbone, layers, opts, transform), ident,
-                    backbone.preprocess, ('triplets', path, ident['head_sha256']))
+                    backbone.preprocess, ('triplets', path, ident['head_sha256']), backbone=backbone,
+                    layers=layers, transform=transform)

@@ -20,6 +20,10 @@ from visim_jax.data.preprocess import Preprocess
 
 
 KINDS = ('cosine', 'adapter', 'simnet', 'context', 'lpips', 'triplets', 'tuned')
+# full-reference metrics (models/classical.py, models/dists.py; docs/metrics.md): a bare name is the default variant
+METRIC_KINDS = {'psnr': 'rgb', 'ssim': 'pytorch_msssim', 'ms_ssim': 'pytorch_msssim', 'l1': 'rgb', 'l2': 'rgb',
+                'dists': 'vgg'}
+KINDS = KINDS + tuple(METRIC_KINDS)
 LPIPS_NETS = ('alex', 'vgg')
 FIELD = 'config.models'
 
@@ -72,6 +76,8 @@ def split_specs(models: str) -> list[str]:
 def parse(spec: str) -> tuple[str, str, str]:
   """'kind:target@option' -> (kind, target, option); the form only (files and names are checked by build)."""
   kind, sep, rest = spec.partition(':')
+  if not sep and kind in METRIC_KINDS:   # 'ssim' = 'ssim:pytorch_msssim', ...
+    sep, rest = ':', METRIC_KINDS[kind]
   if not sep or kind not in KINDS:
     raise bad(spec, f'expected <kind>:<target> with kind one of {", ".join(KINDS)} '
                      '(e.g. cosine:dinov2_b14, adapter:workdirs/tll, lpips:alex)')

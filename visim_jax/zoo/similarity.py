@@ -36,6 +36,10 @@ A spec string names one model (`config.models` is a comma-separated list of them
                                                   features (uint8 at the protocol's resolution: BAPPS 64x64 native,
                                                   224 elsewhere), the network runs inside `distance` (its spatial
                                                   maps would cost ~2 MB an image at 224)
+  psnr | ssim | ms_ssim | l1 | l2 [:<variant>]     full-reference metrics (models/classical.py, docs/metrics.md) on the
+  dists [:vgg[:tiny]]                             images, as LPIPS; distances 1 - ssim, 1 - ms_ssim, -psnr, l1, l2,
+                                                  DISTS. Variants: ssim / ms_ssim presets (pytorch_msssim, piq,
+                                                  skimage, lpips_lab), psnr / l1 / l2 colours (rgb, grey, y, lab)
 
 Reading a spec never decodes an image; a bad spec is one line naming config.models and the entry.
 """
@@ -48,6 +52,7 @@ from visim_jax.zoo import from_runs, tuned
 from visim_jax.zoo.scoring import ImageTable
 from visim_jax.zoo.interface import (Options, Similarity, backbone_from, backbone_identity, bad, cosine_distance, parse,
                                 pooled_featurizer)
+from visim_jax.zoo.interface import METRIC_KINDS
 
 
 def build(spec: str, opts: Options = Options()) -> Similarity:
@@ -55,7 +60,7 @@ def build(spec: str, opts: Options = Options()) -> Similarity:
   kind, target, option = parse(spec)
   return {'cosine': _cosine, 'adapter': from_runs.adapter, 'simnet': from_runs.simnet_model,
           'context': from_runs.context_model, 'lpips': _lpips, 'triplets': from_runs.triplets_model,
-          'tuned': tuned.model}[kind](spec, target, option, opts)
+          'tuned': tuned.model, **{k: _metric for k in METRIC_KINDS}}[kind](spec, target, option, opts)
 
 
 def _cosine(spec, target, option, opts):
@@ -88,3 +93,39 @@ def _lpips(spec, target, option, opts):
     return ImageTable(tuple(paths), pre)
   return Similarity(spec, 'lpips', distance, model, featurize, {'lpips': target, 'version': '0.1',
                                                                 'weights': str(net_id)}, None, ('images',))
+
+
+def _images(paths, tag, pre):
+  """The image kinds' features: the images themselves, decoded at the protocol's resolution when rows are taken."""
+  if pre is None:
+    raise ValueError('image metrics need the protocol resolution')
+  return ImageTable(tuple(paths), pre)
+
+
+def _metric(spec, target, option, opts):
+  """psnr / ssim / ms_ssim / l1 / l2 (models/classical.py) and dists (models/dists.py) on the images, as LPIPS."""
+  import dataclasses
+  from visim_jax.core.errors import UserError
+  from visim_jax.models import classical
+  kind = spec.partition(':')[0]
+  if option:
+    raise bad(spec, f'{kind} takes no @option')
+  if kind == 'dists':
+    from visim_jax.models import dists as dists_lib
+    if target not in ('vgg', 'vgg:tiny'):
+      raise bad(spec, "DISTS runs on VGG16: 'dists', 'dists:vgg' (or 'dists:vgg:tiny': random weights)")
+    try:
+      params = dists_lib.load_dists(tiny=target.endswith(':tiny'))
+    except UserError as e:
+      raise bad(spec, str(e)) from None
+    distance = dists_lib.pair_distance
+    ident = {'metric': 'dists', 'weights': params.weights_id}
+  else:
+    variants = (classical.SSIM_PRESETS if kind in ('ssim', 'ms_ssim') else
+                {c: classical.PixelOptions(c) for c in classical.COLOURS})
+    if target not in variants:
+      raise bad(spec, f'{kind} variants: {", ".join(f"{kind}:{v}" for v in variants)}')
+    fn = classical.distance(kind, variants[target])
+    distance = lambda params, u0, u1: fn(u0, u1)   # noqa: E731  (params unused)
+    params, ident = None, {'metric': kind, 'options': dataclasses.asdict(variants[target])}
+  return Similarity(spec, kind, distance, params, _images, ident, None, ('images',))
