@@ -4,7 +4,7 @@ r"""Runs every capability benchmark and prints one table: capability, ours, refe
   python benchmarks/run_all.py --small    # the same comparisons at small sizes, a few minutes
   python benchmarks/run_all.py --only=adapt,twoafc
   python benchmarks/run_all.py --dry_run  # the commands it would run
-  python benchmarks/run_all.py --gpu      # every capability on one GPU in at most 345 s (GPU_PLAN)
+  python benchmarks/run_all.py --gpu      # every capability on one GPU in at most 435 s (GPU_PLAN)
   python benchmarks/run_all.py --gpu --dry_run   # the GPU plan: each script, its budget and its command
 
 Each script runs as a subprocess (its arguments: PRESETS[--small or full] on a CPU, the bare GPU-size defaults
@@ -15,7 +15,7 @@ alternations, the load average when measured). The table goes into benchmarks/RE
 of every script into benchmarks/results_all.json. A script that fails or times out gets a row saying so.
 
 --gpu runs GPU_PLAN instead: each entry one script with GPU sizes chosen to finish, its own budget (a subprocess
-timeout; the budgets add up to at most GPU_TOTAL_S = 345 s), the float32 precision of both sides set explicitly
+timeout; the budgets add up to at most GPU_TOTAL_S = 435 s), the float32 precision of both sides set explicitly
 ($VISIM_BENCH_PRECISION -> benchmarks/precision.py) and written in its JSON. Each script's progress lines are
 echoed as they come, and its JSON is printed and appended to benchmarks/results_gpu.jsonl as soon as it finishes,
 so a suite that is killed keeps what finished; the table goes between `<!-- run_all_gpu:begin -->` and
@@ -80,7 +80,7 @@ PRESETS = {
 
 # --gpu: (entry name, script, arguments, budget in seconds, float32 precision of both sides). Sizes are chosen so that
 # each finishes within its budget on one H100 (80 GB) with 16 host cores, start-up and compilation included.
-GPU_TOTAL_S = 345
+GPU_TOTAL_S = 435
 GPU_PLAN = (
     ('pipeline', 'pipeline', ['--files=1024', '--batch=256', '--dtype=bfloat16', '--repeats=2', '--alternations=2'],
      25, 'fp32'),
@@ -100,6 +100,8 @@ GPU_PLAN = (
                           '--repeats=2'], 20, 'fp32'),
     ('learn_triplets', 'learn_triplets', ['--mode=compare', '--steps=50', '--alternations=3'], 20, 'fp32'),
     ('metrics', 'metrics', ['--size=256', '--pairs=512', '--batch=128'], 15, 'fp32'),
+    # ViT-B/16 LoRA step vs PyTorch + peft, bfloat16 compute on both sides (the script's preset; it stops at 80 s)
+    ('tune_step_vitb16_lora', 'tune_step', ['--gpu_preset'], 90, 'fp32'),
 )
 GPU_BEGIN, GPU_END = '<!-- run_all_gpu:begin -->', '<!-- run_all_gpu:end -->'
 # what an entry needs beyond jax / torch, checked before it starts (find_spec: nothing is imported): an entry whose
@@ -404,7 +406,7 @@ def main(argv=None):
   ap.add_argument('--sizes', default='auto', choices=('auto', 'cpu', 'default'),
                   help="auto: PRESETS when jax's backend is the CPU; cpu: always; default: the scripts' bare "
                        "defaults (the issues' GPU sizes)")
-  ap.add_argument('--gpu', action='store_true', help='GPU_PLAN: every capability on one GPU within GPU_TOTAL_S = 345 s')
+  ap.add_argument('--gpu', action='store_true', help='GPU_PLAN: every capability on one GPU within GPU_TOTAL_S = 435 s')
   ap.add_argument('--gpu_jsonl', default=os.path.join(HERE, 'results_gpu.jsonl'),
                   help='--gpu: each finished script\'s JSON is appended here at once')
   ap.add_argument('--max_load', type=float, default=None,

@@ -30,7 +30,8 @@ _LIST = flags.DEFINE_bool('list_backbones', False, 'Print each backbone name, it
                           'its weights are on this machine (else the command that puts them there), its '
                           'description and aliases, and exit (no jax, no weights: instant).')
 
-EXPERIMENTS = ('adapt', 'table1', 'simnet', 'histograms', 'twoafc', 'benchmark', 'nights_adapt', 'learn_triplets')
+EXPERIMENTS = ('adapt', 'table1', 'simnet', 'histograms', 'twoafc', 'benchmark', 'nights_adapt', 'learn_triplets',
+               'tune')
 
 
 def run(config, workdir: str, compile_cache: bool = True):

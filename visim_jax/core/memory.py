@@ -47,3 +47,38 @@ def check(parts: Mapping[str, float], fields: Sequence[str], sizes: str = '', wh
   detail = ', '.join(f'{k} {gib(v)}' for k, v in parts.items() if v) + (f'; {sizes}' if sizes else '')
   raise UserError(f'{fields[0]}: {what} needs at least {gib(total)} ({detail}), more than {fraction:.0%} of the '
                   f'{limit / GiB:.1f} GiB available; lower {" or ".join(fields)}')
+
+
+def tower_parts(n_params: int, n_trainable: int, activations_per_image: float, images_per_device: int,
+                param_bytes: int = F32, opt_slots: int = 2, init_copy: bool = False, fsdp: int = 1) -> dict:
+  """What one device holds for a step that tunes a tower (bytes; a lower bound, XLA's temporaries come on top):
+  the tower's parameters, the trainable ones' gradients and optimiser slots (Adam: 2; decay towards the pretrained
+  weights keeps a copy of them), all sharded over the `fsdp` devices, and the activations the backward pass keeps
+  for the images of one pass (measured per image by the caller, e.g. from the traced residuals)."""
+  shard = max(1, int(fsdp))
+  return {'parameters': n_params * param_bytes / shard,
+          'gradients': n_trainable * F32 / shard,
+          'optimiser state': n_trainable * F32 * (opt_slots + int(init_copy)) / shard,
+          'activations': float(activations_per_image) * images_per_device}
+
+
+def check_tower(parts: Mapping[str, float], sizes: str, remat: bool, remat_parts: Mapping[str, float] | None = None,
+                fraction: float = FRACTION) -> None:
+  """Refuses a tuning run whose `tower_parts` exceed fraction x the device's memory, naming the field to change:
+  the batch (config.batch_size, or config.accum_steps to split it, or config.remat when rematerialisation would
+  make it fit) when activations are the largest part, else config.fsdp / config.tune (LoRA keeps no optimiser state
+  for the tower)."""
+  total, limit = float(sum(parts.values())), limit_bytes()
+  if total <= fraction * limit:
+    return
+  detail = ', '.join(f'{k} {gib(v)}' for k, v in parts.items() if v) + (f'; {sizes}' if sizes else '')
+  head = f'tuning needs at least {gib(total)} a device ({detail}), more than {fraction:.0%} of the {limit / GiB:.1f} ' \
+         'GiB available'
+  if parts.get('activations', 0) >= max(v for k, v in parts.items() if k != 'activations'):
+    if not remat and remat_parts is not None and sum(remat_parts.values()) <= fraction * limit:
+      raise UserError(f'config.remat: {head}; set config.remat=True (rematerialised blocks: '
+                      f'{gib(sum(remat_parts.values()))}), or lower config.batch_size')
+    raise UserError(f'config.batch_size: {head}; lower config.batch_size, or raise config.accum_steps (the batch in '
+                    'passes)' + ('' if remat else ', or set config.remat=True'))
+  raise UserError(f'config.fsdp: {head}; raise config.fsdp (parameters and optimiser state sharded over more '
+                  "devices) or use config.tune='lora'")

@@ -19,7 +19,7 @@ from visim_jax.core.errors import UserError
 from visim_jax.data.preprocess import Preprocess
 
 
-KINDS = ('cosine', 'adapter', 'simnet', 'context', 'lpips', 'triplets')
+KINDS = ('cosine', 'adapter', 'simnet', 'context', 'lpips', 'triplets', 'tuned')
 # full-reference metrics (models/classical.py, models/dists.py; docs/metrics.md): a bare name is the default variant
 METRIC_KINDS = {'psnr': 'rgb', 'ssim': 'pytorch_msssim', 'ms_ssim': 'pytorch_msssim', 'l1': 'rgb', 'l2': 'rgb',
                 'dists': 'vgg'}

@@ -30,6 +30,8 @@ A spec string names one model (`config.models` is a comma-separated list of them
   triplets:<learn_triplets workdir | head.npz>   the head a `learn_triplets` run trained (its head.npz) on the
                                                   backbone features its meta names; 1 - cos of the head's
                                                   embeddings, or -<e0, e1> when it was trained on dot products
+  tuned:<tune workdir | tuned.npz>                the tower a `tune` run trained (LoRA merged or fully tuned,
+                                                  zoo/tuned.py): its own embedding, 1 - cos
   lpips:alex | lpips:vgg [:tiny]                  LPIPS v0.1 (visim_jax/models/lpips.py): the images themselves are the
                                                   features (uint8 at the protocol's resolution: BAPPS 64x64 native,
                                                   224 elsewhere), the network runs inside `distance` (its spatial
@@ -46,7 +48,7 @@ from __future__ import annotations
 import json
 
 
-from visim_jax.zoo import from_runs
+from visim_jax.zoo import from_runs, tuned
 from visim_jax.zoo.scoring import ImageTable
 from visim_jax.zoo.interface import (Options, Similarity, backbone_from, backbone_identity, bad, cosine_distance, parse,
                                 pooled_featurizer)
@@ -58,7 +60,7 @@ def build(spec: str, opts: Options = Options()) -> Similarity:
   kind, target, option = parse(spec)
   return {'cosine': _cosine, 'adapter': from_runs.adapter, 'simnet': from_runs.simnet_model,
           'context': from_runs.context_model, 'lpips': _lpips, 'triplets': from_runs.triplets_model,
-          **{k: _metric for k in METRIC_KINDS}}[kind](spec, target, option, opts)
+          'tuned': tuned.model, **{k: _metric for k in METRIC_KINDS}}[kind](spec, target, option, opts)
 
 
 def _cosine(spec, target, option, opts):

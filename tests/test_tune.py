@@ -1,0 +1,227 @@
+"""The tune experiment on a tiny random ViT over teacher triplets of a few demo photos: it learns and writes a small
+LoRA file, `tuned:` loads it as the run embedded, a killed run resumes identically, a size that does not fit is
+refused before anything is written, every field is checked, the human-judgement sources (BAPPS 2AFC, THINGS) train,
+`:demo` runs at a CI size, the leaderboard before / after ranks both towers, and 8 devices with fsdp train what 1 does."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from visim_jax.core import memory
+from visim_jax.core.errors import UserError
+from visim_jax.experiments import tune
+from visim_jax.training import runtime, tuned_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'configs'))
+import tune as cfg  # noqa: E402
+
+
+def tiny(tmp, **kw):
+  c = cfg.get_config('local')
+  c.demo.update({'root': str(tmp / 'demo'), 'n_pairs': 16})
+  c.cache_dir, c.plots = str(tmp / 'cache'), False
+  c.triplets.update({'n_train': 200, 'n_val': 60, 'clusters': 4})
+  c.steps, c.eval_every, c.checkpoint_every, c.batch_size, c.lr = 6, 3, 3, 4, 3e-2
+  c.update_from_flattened_dict(kw)
+  return c
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp('tune')
+  return tune.run(tiny(tmp), str(tmp / 'full'), progress=False), tmp
+
+
+def test_learns_and_keeps_a_small_lora_file(reference):
+  m, tmp = reference
+  wd = tmp / 'full'
+  r = m['results']
+  assert m['hparams']['tune'] == 'lora' and m['devices'] == 1
+  assert r['tuned']['loss'] < r['frozen']['loss']
+  for f in ('tuned.npz', 'curves.npz', 'metrics.json', 'triplets_train.npz', 'triplets_val.npz'):
+    assert os.path.isfile(wd / f)
+  meta, trainable = tuned_file.load(str(wd / 'tuned.npz'))
+  assert set(trainable) == {'lora'} and meta['tune'] == 'lora' and meta['backbone'] == 'vit'
+  assert all(set(v) == {'a', 'b'} and v['a'].shape[1] == 8 for v in trainable['lora'].values())
+  n = sum(v.size for e in trainable['lora'].values() for v in e.values())
+  assert n == m['trainable_parameters']
+  ckpt = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(wd / 'checkpoints') for f in fs)
+  assert ckpt < 400_000   # LoRA factors + Adam moments only, never the tower
+
+
+def test_tuned_spec_embeds_as_the_run(reference):
+  """vj.load('tuned:<workdir>') = the LoRA-merged tower's embedding, as tower_step embeds it in training."""
+  import jax
+  import visim_jax as vj
+  from visim_jax.backbones import get_backbone
+  from visim_jax.models import lora
+  from visim_jax.training import tower_step
+  m, tmp = reference
+  model = vj.load(f'tuned:{tmp / "full"}')
+  x = np.random.RandomState(0).randint(0, 256, (3, 32, 32, 3)).astype(np.uint8)
+  meta, trainable = tuned_file.load(str(tmp / 'full' / 'tuned.npz'))
+  base = get_backbone('vit', tiny=True)
+  hp = tower_step.Hparams(tune='lora', lora=lora.Config(**{**meta['lora'], 'targets': tuple(meta['lora']['targets'])}))
+  want = np.asarray(tower_step.embed(hp, tower_step.tower(base), jax.tree.map(np.asarray, trainable),
+                                     base.variables, x))
+  want = want / np.linalg.norm(want, axis=1, keepdims=True)
+  np.testing.assert_allclose(model.embed(x), want, atol=2e-5)
+  assert model.kind == 'tuned' and float(model.distance(x[0], x[0])) < 1e-5
+  # export: the merged weights, W + alpha / r a b at every adapted kernel, the others as they were
+  from visim_jax.zoo import tuned
+  z = np.load(tuned.export(str(tmp / 'full'), str(tmp / 'merged.npz')))
+  scale = meta['lora']['alpha'] / meta['lora']['r']
+  for module, e in trainable['lora'].items():
+    w0 = np.asarray(base.variables['params'][module.split('/')[0]]['attn']['qkv']['kernel'])
+    np.testing.assert_allclose(z[f'variables/params/{module}/kernel'], w0 + scale * e['a'] @ e['b'], atol=1e-6)
+  np.testing.assert_array_equal(z['variables/params/norm/scale'], np.asarray(base.variables['params']['norm']['scale']))
+
+
+def test_killed_run_resumes_identically(reference, monkeypatch):
+  full, tmp = reference
+
+  def kill(phase, step, directory):
+    if phase == 'after_save' and step == 3:
+      raise KeyboardInterrupt('simulated kill')
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', kill)
+  with pytest.raises(KeyboardInterrupt):
+    tune.run(tiny(tmp), str(tmp / 'killed'), progress=False)
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', None)
+  assert not os.path.exists(tmp / 'killed' / 'metrics.json')
+  resumed = tune.run(tiny(tmp), str(tmp / 'killed'), progress=False)
+  assert resumed['results'] == full['results'] and resumed['fingerprint'] == full['fingerprint']
+  a, b = np.load(tmp / 'full' / 'curves.npz'), np.load(tmp / 'killed' / 'curves.npz')
+  for k in a.files:
+    np.testing.assert_array_equal(a[k], b[k])
+  _, la = tuned_file.load(str(tmp / 'full' / 'tuned.npz'))
+  _, lb = tuned_file.load(str(tmp / 'killed' / 'tuned.npz'))
+  for k in la['lora']:
+    np.testing.assert_array_equal(la['lora'][k]['b'], lb['lora'][k]['b'])
+  with pytest.raises(UserError, match=r'different config .*lr'):
+    tune.run(tiny(tmp, lr=0.05), str(tmp / 'killed'), progress=False)
+
+
+def test_a_size_that_does_not_fit_is_refused_before_anything_is_written(reference, monkeypatch):
+  _, tmp = reference
+  monkeypatch.setattr(memory, 'limit_bytes', lambda: 2**20)
+  with pytest.raises(UserError, match=r'^config\.(batch_size|remat|fsdp): tuning needs at least') as e:
+    tune.run(tiny(tmp), str(tmp / 'refused'), progress=False)
+  assert '\n' not in str(e.value)
+  assert not os.path.exists(tmp / 'refused')
+
+
+def test_memory_names_the_field():
+  parts = memory.tower_parts(1000, 10, 1e6, 64)
+  assert parts['activations'] == 64e6 and parts['optimiser state'] == 80
+  mp = pytest.MonkeyPatch()
+  mp.setattr(memory, 'limit_bytes', lambda: 10**7)
+  try:
+    with pytest.raises(UserError, match=r'^config\.remat: .*set config.remat=True'):
+      memory.check_tower(parts, '', False, memory.tower_parts(1000, 10, 1e4, 64))
+    with pytest.raises(UserError, match=r'^config\.batch_size: '):
+      memory.check_tower(parts, '', True)
+    with pytest.raises(UserError, match=r"^config\.fsdp: .*config.tune='lora'"):
+      memory.check_tower(memory.tower_parts(10**8, 10**7, 1, 1), '', False)
+  finally:
+    mp.undo()
+
+
+@pytest.mark.parametrize('field, value, match', [
+    ('tune', 'adapter', 'config.tune: one of'),
+    ('head', 'mlp', 'config.head: one of'),
+    ('lora.r', 0, 'config.lora.r'),
+    ('lora.dropout', 1.0, 'config.lora.dropout'),
+    ('lora.targets', ' , ', 'config.lora.targets: name the kernels'),
+    ('tau', 100.0, 'config.tau: a softmax of cosines'),
+    ('accum_steps', 3, 'config.accum_steps: must divide config.batch_size'),
+    ('epochs', 0, 'config.epochs'),
+    ('source', 'imagenet', 'config.source'),
+    ('transform', 'uncertainty_distillation', 'config.transform'),
+    ('augment', 'flip', 'config.augment'),
+    ('compute_dtype', 'float16', 'config.compute_dtype'),
+    ('checkpoint_every', 4, 'config.checkpoint_every: must be a multiple of config.eval_every'),
+    ('pooling', 'rmac', 'config.pooling'),
+])
+def test_config_refusals(tmp_path, field, value, match):
+  with pytest.raises(UserError, match=match) as e:
+    tune.validate_config(tiny(tmp_path, **{field: value}))
+  assert '\n' not in str(e.value)
+
+
+def test_hinge_needs_cosine(tmp_path):
+  with pytest.raises(UserError, match="^config.similarity: the hinge trains on DreamSim's distance"):
+    tune.validate_config(tiny(tmp_path, loss='hinge', similarity='dot'))
+
+
+def test_human_sources_bapps_and_things(tmp_path, human_demo_sets):
+  """BAPPS 2AFC train sets (hinge on the judges' fraction; held out: val sets) and THINGS choices (hard targets)."""
+  h = human_demo_sets
+  for source, extra in (('bapps', dict(bapps_dir=h.bapps, loss='hinge')),
+                        ('things', dict(things_dir=h.things, things_file=h.things_dreamsim, loss='hard'))):
+    m = tune.run(tiny(tmp_path, source=source, steps=2, eval_every=2, checkpoint_every=2, checkpoint=False,
+                      **extra), str(tmp_path / source), progress=False)
+    assert m['target'] == {'bapps': 'judge', 'things': 'odd'}[source]
+    assert all(0.0 <= m['results'][k]['accuracy'] <= 1.0 for k in ('frozen', 'tuned'))
+  with pytest.raises(UserError, match=r"config.loss: the triplets hold judge targets: use one of \('hinge',\)"):
+    tune.run(tiny(tmp_path, source='bapps', bapps_dir=h.bapps, loss='jsd'), str(tmp_path / 'x'), progress=False)
+
+
+def test_demo_mode_at_ci_size(tmp_path):
+  """`:demo` as documented (EfficientNet-Lite0 with its real weights, LoRA on its last 1x1 convolution, an AlexNet
+  teacher over the demo photos) at a CI size: 32 photos, 2 steps; the leaderboard step is the next test's."""
+  c = cfg.get_config('demo')
+  c.demo.update({'root': str(tmp_path / 'demo'), 'n_pairs': 16})
+  c.cache_dir, c.plots, c.leaderboard, c.lora.targets = str(tmp_path / 'cache'), False, False, 'conv_head'
+  c.triplets.update({'n_train': 100, 'n_val': 40, 'clusters': 4})
+  c.steps, c.batch_size, c.eval_every, c.checkpoint_every, c.image_batch_size = 2, 2, 2, 2, 16
+  m = tune.run(c, str(tmp_path / 'demo_run'), progress=False)
+  assert m['backbone'] == 'efficientnet_lite0' and m['trainable_parameters'] == 8 * (320 + 1280)
+  assert all(0 <= m['results'][k]['accuracy'] <= 1 for k in ('frozen', 'tuned'))
+
+
+def test_leaderboard_before_and_after(tmp_path):
+  """config.leaderboard: the demo human sets rank the frozen tower (`cosine:`) and the tuned one (`tuned:`), and
+  metrics.json (written last) holds the board."""
+  m = tune.run(tiny(tmp_path, steps=2, eval_every=2, checkpoint_every=2, leaderboard=True), str(tmp_path / 'run'),
+               progress=False)
+  board = m['leaderboard']
+  assert board['models'] == ['cosine:vit:tiny', f'tuned:{tmp_path / "run"}']
+  assert set(board['results'][board['models'][1]]) == {'nights', 'bapps_2afc', 'bapps_jnd', 'things'}
+  assert json.load(open(tmp_path / 'run' / 'metrics.json'))['leaderboard'] == board
+  assert os.path.isfile(tmp_path / 'run' / 'leaderboard' / 'leaderboard.md')
+
+
+_EIGHT = r'''
+import json, os, sys
+import jax
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, os.path.join(sys.argv[1], 'tests'))
+import pathlib
+from test_tune import tiny
+from visim_jax.experiments import tune
+tmp = pathlib.Path(sys.argv[2])
+out = {}
+for name, devs in (('one', jax.devices()[:1]), ('eight', jax.devices())):
+  m = tune.run(tiny(tmp, batch_size=8, fsdp=2 if name == 'eight' else 1, checkpoint=False), str(tmp / name),
+               progress=False, devices=devs)
+  out[name] = {'devices': m['devices'], 'results': m['results']}
+print('RESULT' + json.dumps(out))
+'''
+
+
+def test_eight_devices_with_fsdp_equal_one(tmp_path):
+  """The experiment on 8 fake CPU devices (data 4 x fsdp 2) trains the parameters of 1 device (held-out numbers to
+  1e-4): batches by (seed, step), the same LoRA init, the step's sums in another order only."""
+  import subprocess
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8', 'JAX_PLATFORMS': 'cpu',
+         'PYTHONPATH': ROOT + os.pathsep + os.environ.get('PYTHONPATH', '')}
+  r = subprocess.run([sys.executable, '-c', _EIGHT, ROOT, str(tmp_path)], capture_output=True, text=True, env=env,
+                     cwd=ROOT)
+  assert r.returncode == 0, r.stderr[-3000:]
+  out = json.loads(r.stdout.split('RESULT', 1)[1])
+  assert out['one']['devices'] == 1 and out['eight']['devices'] == 8
+  for k in ('frozen', 'tuned'):
+    for q in ('accuracy', 'loss'):
+      assert out['eight']['results'][k][q] == pytest.approx(out['one']['results'][k][q], rel=1e-4, abs=1e-6)

@@ -1,0 +1,195 @@
+"""Tuning the tower as wiring: image triplets -> the tower's own embedding trained (LoRA or full) on every device ->
+held-out accuracy frozen vs tuned -> a model like any other (`tuned:<workdir>`).
+
+config -> TuneOptions (tune_parse.py, every check) -> train / held-out index sets (tune_data.py) -> the tower
+(training/tower_step.py over the backbone, LoRA from models/lora.py) -> the memory estimate (tune_memory.py: refused
+in one line before the training state exists) -> pixels through data/pipeline.py's decoded-image cache
+(data/image_batches.py) -> steps of `batch_size` triplets (rows seeded by (seed, step): a resumed run reads the
+batches an uninterrupted one reads; dropout keyed by (seed, step)) on the ('data', 'fsdp') mesh, in chunks of
+eval_every steps through training/runtime.Run (lock, fingerprint, Orbax checkpoints of the trainable state only:
+LoRA checkpoints are small, resume) -> held-out accuracy after each chunk.
+
+Outputs: tuned.npz (training/tuned_file.py: the LoRA factors or the tuned tower, the head, the meta `tuned:` reads),
+curves.npz / curves.png, triplets_{train,val}.npz (teacher sources), leaderboard/ (config.leaderboard: the demo
+human sets, `cosine:<backbone>` vs `tuned:<workdir>`), metrics.json last.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+import types
+
+import jax
+import numpy as np
+
+from visim_jax.backbones import features as features_lib
+from visim_jax.core import report, sharding
+from visim_jax.data import image_batches
+from visim_jax.experiments import checks, config_fields, tune_data, tune_memory
+from visim_jax.experiments.tune_parse import LOSS_FOR_TARGET, TEACHER_SOURCES, parse, validate_config  # noqa: F401
+from visim_jax.training import head_step, runtime, tuned_file
+
+
+def fingerprint(opts, hp, train, val) -> runtime.Fingerprint:
+  fields = {**{k: v for k, v in dataclasses.asdict(opts).items() if k not in ('plots', 'leaderboard', 'checkpoint')},
+            'hparams': dataclasses.asdict(hp)}
+  return runtime.fingerprint(fields, [train.triplets, train.target, val.triplets, val.target,
+                                      np.asarray(train.images)])
+
+
+def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
+  opts = parse(config)
+  from visim_jax.models import lora as lora_lib
+  from visim_jax.training import tower_step
+  t0 = time.time()
+  train, val, desc = tune_data.load(opts, progress)
+  if opts.hparams['loss'] not in LOSS_FOR_TARGET[train.target_kind]:
+    raise checks.fail('loss', f'the triplets hold {train.target_kind} targets: use one of '
+                      f'{LOSS_FOR_TARGET[train.target_kind]}', opts.hparams['loss'])
+  if opts.batch_size > len(train):
+    raise checks.fail('batch_size', f'exceeds the {len(train)} train triplets; use {len(train)} or less',
+                      opts.batch_size)
+  backbone, _ = features_lib.build(opts.features)
+  tower = tower_step.tower(backbone, feature=opts.feature or None, head=opts.head, head_size=opts.head_size)
+  steps = opts.steps or opts.epochs * (len(train) // opts.batch_size)
+  hp = tower_step.Hparams(**opts.hparams, steps=steps, lora=lora_lib.Config(**opts.lora))
+  hp.check()
+  mesh = sharding.train_mesh(opts.fsdp, devices)
+  n_dev = mesh.devices.size
+  micro = opts.batch_size // hp.accum_steps
+  if micro % n_dev:
+    raise checks.fail('batch_size', f'each pass takes batch_size / accum_steps = {micro} triplets, split over the '
+                      f'{n_dev} devices: use a multiple of {n_dev * hp.accum_steps}', opts.batch_size)
+  size = backbone.preprocess.size
+  image_shape = (size, size, 3)
+  key = jax.random.PRNGKey(opts.seed)
+  abstract, _ = jax.eval_shape(lambda: tower_step.init_state(hp, tower, backbone.variables, key, image_shape))
+  two_refs = hp.loss == 'hinge' and hp.hinge_ref == 'per_pair' and hp.tune == 'lora' and hp.lora.dropout > 0
+  parts = tune_memory.check(hp, tower, backbone, abstract.trainable, image_shape,
+                            micro * (4 if two_refs else 3) // n_dev, opts.fsdp)
+  runtime.say(f'{len(train):,} train / {len(val):,} held-out triplets ({train.target_kind}) over {len(train.images):,} '
+              f'images; {backbone.name} tune={hp.tune}, loss {hp.loss}, {steps} steps of {opts.batch_size} over '
+              f'{n_dev} device(s); memory estimate {sum(parts.values()) / 2**20:,.0f} MiB a device')
+
+  cache = os.path.join(opts.features.cache_dir, 'images') if opts.features.image_cache else None
+  table = image_batches.pixel_table(train.images, backbone.preprocess, cache, progress=progress)
+  batches = image_batches.TripletBatches.of(train, table, opts.batch_size, opts.seed)
+  state0, frozen = tower_step.init_state(hp, tower, backbone.variables, key, image_shape)
+  state0, frozen = tower_step.place(mesh, state0, frozen)
+  program = tower_step.step_program(hp, tower, mesh)
+  val_rows, val_pos = image_batches.image_rows(val.triplets)
+  eval_hp = head_step.Hparams(head='identity', loss=hp.loss, similarity=hp.similarity, tau=hp.tau,
+                              target_tau=hp.target_tau, margin=hp.margin, ties=opts.ties)
+  evaluate = functools.partial(_evaluate, eval_hp, mesh, table, val_rows, val_pos, val.target, opts.features)
+  bare = dataclasses.replace(tower, head='identity')   # the tower's own feature at step 0 (LoRA's b = 0): frozen
+  frozen_res = evaluate(_embedder(hp, bare), {k: v for k, v in state0.trainable.items() if k != 'head'}, frozen)
+  untrained = evaluate(_embedder(hp, tower), state0.trainable, frozen) if opts.head != 'identity' else frozen_res
+  embed = _embedder(hp, tower)
+  n_evals = -(-steps // opts.eval_every)
+  host = lambda: {'loss': np.zeros(steps, np.float32), 'val_accuracy': np.zeros(n_evals, np.float32),
+                  'val_loss': np.zeros(n_evals, np.float32), 'val_step': np.zeros(n_evals, np.int32)}
+  recorded = config_fields.recorded_config(config, uses_backbone=True)
+  lo, hi = _process_rows(opts.batch_size)
+  with runtime.Run(workdir, recorded, fingerprint(opts, hp, train, val), opts.checkpoint, progress,
+                   desc='tune (steps)') as rt:
+    if opts.source in TEACHER_SOURCES:
+      tune_data.write_index_files(rt.workdir, train, val)
+    t1 = time.time()
+    template = {'state': jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
+                                      state0), **host()}
+    tree, start = rt.restore(template) if opts.checkpoint else (template, 0)
+    tree = {**tree, **{k: np.array(tree[k]) for k in host()}} if start else {'state': state0, **host()}
+
+    def chunk_fn(tree, s0, n):
+      state, losses = tree['state'], []
+      for s in range(s0, s0 + n):
+        images, target = batches.take(s, lo, hi)
+        batch = tower_step.Batch(*(sharding.from_local(a, mesh) for a in (images, target)))
+        state, m = program(state, frozen, batch)
+        losses.append(m['loss'])
+      tree['loss'][s0:s0 + n] = [float(sharding.to_host(l)) for l in losses]
+      k = (s0 + n - 1) // opts.eval_every
+      ev = evaluate(embed, state.trainable, frozen)
+      tree['val_accuracy'][k], tree['val_loss'][k], tree['val_step'][k] = ev['accuracy'], ev['loss'], s0 + n
+      return {**tree, 'state': state}, {'train/loss': tree['loss'][s0:s0 + n], 'val/accuracy': ev['accuracy'],
+                                        'val/loss': ev['loss']}
+    tree = rt.loop(tree, chunk_fn, start, steps, opts.eval_every, opts.checkpoint_every)
+    t2 = time.time()
+    state = tree['state']
+    tuned = evaluate(embed, state.trainable, frozen)
+    trainable = jax.tree.map(sharding.to_host, state.trainable)
+    meta = {**features_lib.describe(backbone, ()), 'feature': tower.feature, 'head': opts.head,
+            'head_size': opts.head_size, 'similarity': hp.similarity, 'tune': hp.tune, 'lora': opts.lora,
+            'backbone_kwargs': dict(opts.features.backbone_kwargs), 'workdir': rt.workdir}
+    if report.is_writer():
+      tuned_file.save(rt.path('tuned.npz'), meta, trainable)
+      runtime.write_npz(rt.path('curves.npz'), **{k: tree[k] for k in host()})
+      if opts.plots:
+        from visim_jax.plots import learn_triplets as plots
+        shown = types.SimpleNamespace(head=f'{hp.tune} tower', loss=hp.loss, tau=hp.tau, similarity=hp.similarity)
+        plots.curves(tree, frozen_res, untrained, shown, rt.path('curves.png'))
+    board = _leaderboard(config, rt.workdir, backbone, progress) if opts.leaderboard else None
+    metrics = {'experiment': 'tune', **desc, 'backbone': backbone.name, 'weights_sha256': backbone.weights_id,
+               'feature': tower.feature, 'hparams': dataclasses.asdict(hp), 'batch_size': opts.batch_size,
+               'n_triplets': {'train': len(train), 'val': len(val)}, 'devices': n_dev, 'fsdp': opts.fsdp,
+               'trainable_parameters': int(sum(np.size(l) for l in jax.tree.leaves(trainable))),
+               'results': {'frozen': frozen_res, 'untrained': untrained, 'tuned': tuned},
+               'memory_estimate_bytes': parts, 'leaderboard': board,
+               'timing_s': {'data': t1 - t0, 'training_and_eval': t2 - t1, 'total': time.time() - t0}}
+    metrics = rt.write_metrics({**metrics, 'config': recorded})
+  _print(metrics, workdir)
+  return metrics
+
+
+def _process_rows(batch: int) -> tuple[int, int]:
+  """This process's rows of every step's batch (sharding.from_local assembles the global batch)."""
+  per = batch // jax.process_count()
+  return jax.process_index() * per, (jax.process_index() + 1) * per
+
+
+def _embedder(hp, tower):
+  from visim_jax.training import tower_step
+  return jax.jit(functools.partial(tower_step.embed, hp, tower))
+
+
+def _evaluate(eval_hp, mesh, table, rows, pos, target, fo, embed, trainable, frozen) -> dict:
+  """Held-out accuracy and loss: every held-out image embedded once (batches of image_batch_size, split over the
+  devices), then head_step.evaluate's rule on the triplets (the heads' experiments use the same)."""
+  bs = sharding.padded(min(fo.image_batch_size, len(rows)), mesh)
+  out = []
+  for s in range(0, len(rows), bs):
+    r = rows[s:s + bs]
+    x = image_batches.gather(table, np.pad(r, (0, bs - len(r)))[:, None])[:, 0]
+    e = embed(trainable, frozen, sharding.to_global(x, sharding.batch_sharding(mesh, x.ndim)))
+    out.append(np.asarray(sharding.to_host(e))[:len(r)])
+  feats = np.concatenate(out)
+  return {k: float(v) for k, v in head_step.evaluate(eval_hp, 'identity', {}, feats, pos, target).items()}
+
+
+def _leaderboard(config, workdir: str, backbone, progress: bool) -> dict:
+  """The leaderboard on the demo human sets (data/human_demo.py): the frozen tower vs the tuned one."""
+  import importlib.util
+  from visim_jax.experiments import benchmark
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'configs',
+                      'benchmark.py')
+  spec = importlib.util.spec_from_file_location('benchmark_config', path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config('local')
+  tag = ':tiny' if dict(config.backbone_kwargs).get('tiny') else ''
+  c.models = f'cosine:{backbone.name}{tag},tuned:{workdir}'
+  c.cache_dir, c.image_batch_size, c.plots = config.cache_dir, config.image_batch_size, config.plots
+  c.n_boot = 200
+  s = benchmark.run(c, os.path.join(workdir, 'leaderboard'), progress)
+  return {'models': s['models'], 'results': s['results']}
+
+
+def _print(m: dict, workdir: str) -> None:
+  r = m['results']
+  shown = ('frozen', 'untrained', 'tuned') if r['untrained'] != r['frozen'] else ('frozen', 'tuned')
+  rows = [[k, f"{r[k]['accuracy']:.4f}", f"{r[k]['loss']:.4f}"] for k in shown]
+  runtime.say(f"\nheld-out accuracy ({m['n_triplets']['val']} triplets, {m['target']} targets), {m['backbone']} "
+              f"tune={m['hparams']['tune']}, {m['hparams']['steps']} steps, workdir {workdir}")
+  runtime.say(report.table(rows, ['tower', 'accuracy', m['hparams']['loss'] + ' loss']))

@@ -1,0 +1,73 @@
+"""The tune experiment's memory estimate, made before anything is allocated on a device.
+
+Parameters, gradients and optimiser state are counted from the trees' shapes; the activations per image are
+measured, not guessed: the residuals that jax.vjp keeps for the backward pass of the tower's embedding, traced
+abstractly (jax.eval_shape: nothing computed or allocated) at 2 images and at 1, the difference being one image's
+share (the weights, which every trace keeps, cancel). With rematerialisation only each block's input is kept,
+plus one block's inside while it is recomputed: that figure is traced the same way (remat on) and the block's
+share added as the no-remat residuals / number of blocks. core/memory.check_tower refuses, naming the field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import jax
+import numpy as np
+
+from visim_jax.core import memory
+
+
+def _nbytes(tree) -> int:
+  return int(sum(np.prod(l.shape) * np.dtype(l.dtype).itemsize for l in jax.tree.leaves(tree)))
+
+
+def _count(tree) -> int:
+  return int(sum(np.prod(l.shape) for l in jax.tree.leaves(tree)))
+
+
+def residuals_per_image(hp, tower, trainable, frozen, image_shape, dtype) -> int:
+  """Bytes the backward pass of `tower_step.embed` keeps per image (see the module docstring)."""
+  from visim_jax.training import tower_step
+
+  def res(n):
+    def pullback(t, x):
+      return jax.vjp(lambda t: tower_step.embed(hp, tower, t, frozen, x), t)[1]
+    return _nbytes(jax.eval_shape(pullback, trainable, jax.ShapeDtypeStruct((n,) + tuple(image_shape), dtype)))
+  return max(0, res(2) - res(1))
+
+
+def n_blocks(backbone) -> int:
+  """Blocks a remat'd tower recomputes one at a time (stages named block<k>, at least 1)."""
+  return max(1, sum(bool(re.fullmatch(r'.*block_?\d+', s)) for s in backbone.stage_names()))
+
+
+def estimate(hp, tower, backbone, trainable, image_shape, images_per_device: int, fsdp: int):
+  """(parts for hp.remat, parts with remat on or None, sizes text): core/memory.tower_parts of this run (trainable:
+  the abstract trainable tree of tower_step.init_state)."""
+  frozen = backbone.variables
+  if hp.tune == 'full':
+    frozen = {k: v for k, v in frozen.items() if k != 'params'}
+  n_all, n_train = _count(frozen) + _count(trainable), _count(trainable)
+  dtype = np.float32 if backbone.preprocess.interpolation == 'torch_bilinear' else np.uint8
+  opt = dict(opt_slots=2, init_copy=hp.weight_decay > 0, fsdp=fsdp)
+  plain = residuals_per_image(dataclasses.replace(hp, remat=False), tower, trainable, frozen, image_shape, dtype)
+  if hp.remat:
+    act = residuals_per_image(hp, tower, trainable, frozen, image_shape, dtype) + plain / n_blocks(backbone)
+    parts, other = memory.tower_parts(n_all, n_train, act, images_per_device, **opt), None
+  else:
+    parts = memory.tower_parts(n_all, n_train, plain, images_per_device, **opt)
+    other = None
+    if parts['activations'] > 0.5 * memory.limit_bytes():   # only then is remat worth a second trace
+      r = residuals_per_image(dataclasses.replace(hp, remat=True), tower, trainable, frozen, image_shape, dtype)
+      other = memory.tower_parts(n_all, n_train, r + plain / n_blocks(backbone), images_per_device, **opt)
+  sizes = (f'{n_all:,} parameters, {n_train:,} trainable, {images_per_device} images a device a pass, '
+           f'{parts["activations"] / max(images_per_device, 1) / 2**20:,.1f} MiB of activations an image')
+  return parts, other, sizes
+
+
+def check(hp, tower, backbone, trainable, image_shape, images_per_device: int, fsdp: int) -> dict:
+  """The estimate, refused in one line when it does not fit; returns the parts (recorded in metrics.json)."""
+  parts, other, sizes = estimate(hp, tower, backbone, trainable, image_shape, images_per_device, fsdp)
+  memory.check_tower(parts, sizes, hp.remat, other)
+  return {k: int(v) for k, v in parts.items()}
