@@ -172,7 +172,7 @@ def test_lpips_distance_map_through_the_library(lpips_alex, tmp_path):
 
 
 def test_missing_workdir_is_not_found(tmp_path):
-  for spec in ('adapter:', 'triplets:', 'simnet:', 'context:'):
+  for spec in ('adapter:', 'triplets:', 'simnet:', 'context:', 'tuned:'):
     with pytest.raises(UserError, match=rf"^visim_jax.load: '{spec}no/such/dir': no/such/dir: not found"):
       vj.load(spec + 'no/such/dir')
 

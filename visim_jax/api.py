@@ -302,7 +302,7 @@ def load(spec: str, *, fetch: bool = True, batch_size: int = 32, dtype: str = 'f
     raise UserError(_library_words(str(e))) from None
   kind, _, rest = spec.partition(':')
   target = rest.partition('@')[0]
-  if kind in ('adapter', 'simnet', 'context', 'triplets') and target and not os.path.exists(target):
+  if kind in ('adapter', 'simnet', 'context', 'triplets', 'tuned') and target and not os.path.exists(target):
     raise UserError(f'{WHERE}: {spec!r}: {target}: not found (relative to {os.getcwd()}); give the workdir of a '
                     'finished run or its file')
   name = _backbone_of(spec)
