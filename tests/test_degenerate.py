@@ -100,13 +100,14 @@ def test_leaderboard_never_bolds_or_ranks_a_degenerate_cell(tmp_path):
   results = {'a': {'nights': {'test': stale}, 'things': {'odd-one-out': good(0.6)}},
              'b': {'nights': {'test': good(0.7)}, 'things': {'odd-one-out': degenerate.result('labels: x', 20)}},
              'c': {'nights': {'test': good(0.7)}, 'things': {'odd-one-out': good(0.5)}}}
-  b = leaderboard.build(results, list(results), ['nights', 'things'])
+  # the plain order (rank_test='none': these cells carry no per-item data for a paired test)
+  b = leaderboard.build(results, list(results), ['nights', 'things'], leaderboard.RankOptions(test='none'))
   np.testing.assert_array_equal(b.ranks, [[np.nan, 1], [1, np.nan], [1, 2]])            # b and c tie at 0.7
-  assert b.best == {('nights', 'test'): 0.7, ('things', 'odd-one-out'): 0.6}
+  assert b.best == {('things', 'odd-one-out'): 'a'}      # b and c tie on nights: no unique best, none bold
   console = leaderboard.write(str(tmp_path), b)
   md = open(tmp_path / 'leaderboard.md').read()
   assert '| `a` | degenerate: all tied: d0 == d1 | **0.600' in md and '**degenerate' not in md
-  assert '| `b` | **0.700 [0.650, 0.750]** | degenerate: labels: x |' in md
+  assert '| `b` | 0.700 [0.650, 0.750] (1=) | degenerate: labels: x |' in md
   assert console.strip().splitlines()[-2:] == ['degenerate: a / nights test: all tied: d0 == d1',
                                                'degenerate: b / things odd-one-out: labels: x']
   rows = list(csv.reader(open(tmp_path / 'leaderboard.csv')))
@@ -114,7 +115,7 @@ def test_leaderboard_never_bolds_or_ranks_a_degenerate_cell(tmp_path):
   at = lambda r, col: rows[r][head.index(col)]
   assert (at(1, 'nights/test'), at(1, 'nights/test best'), at(1, 'nights/test degenerate')) == (
       '', '0', 'all tied: d0 == d1')
-  assert at(2, 'nights/test best') == at(3, 'nights/test best') == '1'
+  assert at(2, 'nights/test best') == at(3, 'nights/test best') == '0'
   from visim_jax.plots import benchmark as plots
   plots.rank_heatmap(b, str(tmp_path / 'lb.png'))
   assert (tmp_path / 'lb.png').stat().st_size > 1000
