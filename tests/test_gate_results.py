@@ -149,9 +149,14 @@ def test_malformed_model_workdirs_are_one_line(tmp_path):
 
 def test_export_takes_only_adaptation_workdirs(tmp_path):
   wd = _workdir(tmp_path / 'na', {'experiment': 'nights_adapt'})
-  with pytest.raises(UserError, match=r'^--workdir: .*na: a nights_adapt workdir; it wrote .*adapter.npz itself; '
+  with pytest.raises(UserError, match=r'^--workdir: .*na: a nights_adapt workdir; '
                                       'export takes the workdir of an adaptation run'):
     adapter_file.from_workdir(wd)
+  open(os.path.join(wd, 'triplet_head.npz'), 'wb').close()   # the file the run wrote is named, not adapter.npz
+  with pytest.raises(UserError, match=r'^--workdir: .*na: a nights_adapt workdir; it wrote .*triplet_head.npz itself; '
+                                      'export takes the workdir of an adaptation run'):
+    adapter_file.from_workdir(wd)
+  os.remove(os.path.join(wd, 'triplet_head.npz'))
   with pytest.raises(UserError, match='a benchmark workdir'):
     adapter_file.from_workdir(_workdir(tmp_path / 'b', {'experiment': 'benchmark'}))
   with pytest.raises(UserError, match=r'checkpoints: not an adaptation checkpoint'):
