@@ -95,18 +95,6 @@ def layer(module: str) -> str:
   return part if part in LAYERS else 'faces'
 
 
-def test_cycle_finder_finds_a_circle(tmp_path):
-  pkg = tmp_path / 'pkg'
-  (pkg / 'sub').mkdir(parents=True)
-  (pkg / '__init__.py').write_text('')
-  (pkg / 'sub' / '__init__.py').write_text('')
-  (pkg / 'a.py').write_text('from pkg.sub import b\n')
-  (pkg / 'sub' / 'b.py').write_text('def f():\n  from .. import c\n')
-  (pkg / 'c.py').write_text('import pkg.a\n')
-  (pkg / 'd.py').write_text('from pkg import a\n')
-  assert cycles(import_graph(str(pkg))) == [['pkg.a', 'pkg.c', 'pkg.sub.b']]
-
-
 def test_no_import_circle():
   graph = import_graph(PKG)
   assert 'visim_jax.backbones.store' in graph['visim_jax.backbones.registry']

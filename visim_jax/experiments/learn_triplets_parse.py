@@ -69,15 +69,7 @@ def validate_config(config) -> None:
   if config.generate_only and config.source not in ('demo', 'folder'):
     raise checks.fail('generate_only', 'writes teacher triplets: only for source=demo or source=folder',
                       config.generate_only)
-  checks.integer(config, 'triplets.n_train', 1, 10**10)
-  checks.integer(config, 'triplets.n_val', 1, 10**9)
-  checks.integer(config, 'triplets.clusters', 1, 10**6)
-  checks.integer(config, 'triplets.kmeans_iters', 0, 10**4)
-  checks.choice(config, 'triplets.sampling', teacher_labels.SAMPLING)
-  checks.fraction(config, 'triplets.val_fraction')
-  checks.choice(config, 'teacher.similarity', odd_one_out.SIMILARITIES)
-  checks.text(config, 'teacher.backbone')
-  checks.text(config, 'teacher.layers')
+  check_teacher_fields(config)
   checks.integer(config, 'synthetic.n_images', 6, 10**9)
   checks.integer(config, 'synthetic.dim', 1, 2**16)
   checks.integer(config, 'synthetic.teacher_dim', 1, config.synthetic.dim, note=' (at most synthetic.dim)')
@@ -124,3 +116,16 @@ def check_targets(config, train, val, hp) -> None:
     if tied.all():
       raise UserError(f'{w}: every {name} triplet ties (no odd one out, no preferred image): there is nothing to '
                       f'{"score" if name == "held-out" else "learn"}; a constant teacher or labels?')
+
+
+def check_teacher_fields(config) -> None:
+  """The teacher-triplet fields (triplets.*, teacher.*) learn_triplets and tune share, each named as typed."""
+  checks.integer(config, 'triplets.n_train', 1, 10**10)
+  checks.integer(config, 'triplets.n_val', 1, 10**9)
+  checks.integer(config, 'triplets.clusters', 1, 10**6)
+  checks.integer(config, 'triplets.kmeans_iters', 0, 10**4)
+  checks.choice(config, 'triplets.sampling', teacher_labels.SAMPLING)
+  checks.fraction(config, 'triplets.val_fraction')
+  checks.choice(config, 'teacher.similarity', odd_one_out.SIMILARITIES)
+  checks.text(config, 'teacher.backbone')
+  checks.text(config, 'teacher.layers')

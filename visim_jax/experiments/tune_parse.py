@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from visim_jax.backbones.features import FeatureOptions
-from visim_jax.data import image_batches, teacher_labels
-from visim_jax.experiments import checks, config_fields
+from visim_jax.data import image_batches
+from visim_jax.experiments import checks, config_fields, learn_triplets_parse
 from visim_jax.losses import odd_one_out
 
 SOURCES = ('nights', 'bapps', 'things', 'demo', 'folder', 'files')
@@ -71,15 +71,7 @@ def parse(config) -> TuneOptions:
       raise checks.fail(f, 'one or more comma-separated BAPPS 2AFC set names', checks.get(config, f))
   checks.integer(config, 'demo.n_pairs', 8, 10**5)
   checks.seed(config, 'demo.seed')
-  checks.integer(config, 'triplets.n_train', 1, 10**10)
-  checks.integer(config, 'triplets.n_val', 1, 10**9)
-  checks.integer(config, 'triplets.clusters', 1, 10**6)
-  checks.integer(config, 'triplets.kmeans_iters', 0, 10**4)
-  checks.choice(config, 'triplets.sampling', teacher_labels.SAMPLING)
-  checks.fraction(config, 'triplets.val_fraction')
-  checks.choice(config, 'teacher.similarity', odd_one_out.SIMILARITIES)
-  checks.text(config, 'teacher.backbone')
-  checks.text(config, 'teacher.layers')
+  learn_triplets_parse.check_teacher_fields(config)
   checks.choice(config, 'transform', TRANSFORMS)
   checks.choice(config, 'augment', image_batches.AUGMENT)
   features = config_fields.options(config)
