@@ -311,3 +311,21 @@ def test_hugging_face_files_through_huggingface_hub_with_their_sha256(lying, tmp
   refused(lambda: download.download(url, str(tmp_path / 'w' / 'model.safetensors'), progress=False),
           'not its LFS ETag', 'removed')
   assert not (tmp_path / 'w' / 'model.safetensors').exists()
+
+
+def test_no_published_checksum_no_full_hash(lying, tmp_path, monkeypatch):
+  """A file with no published sha256 (nights.zip, 58 GB) is checked by length and format, never re-read whole to hash
+  it; with a published one the hash is checked."""
+  body = _zip({'a.bin': os.urandom(50_000)})
+  url = 'https://example.org/data/nights.zip'
+  lying.put(url, body)
+  def no_hash(path):
+    raise AssertionError(f'{path} hashed in full without a published checksum')
+  dest = tmp_path / 'nights.zip'
+  with monkeypatch.context() as m:
+    m.setattr(download, 'sha256_of', no_hash)
+    download.download(url, str(dest), progress=False)
+  assert dest.read_bytes() == body
+  lying.put('https://example.org/data/other.zip', body)
+  refused(lambda: download.download('https://example.org/data/other.zip', str(tmp_path / 'other.zip'), '0' * 64,
+                                    progress=False), 'not the published')
