@@ -16,6 +16,7 @@ the line benchmarks/run_all.py puts in its table (capability, ours, reference, r
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any, Callable
@@ -75,3 +76,13 @@ def row(capability: str, stats: dict, ours: str, reference: str, unit: str | Non
   return {'capability': capability, 'ours': side(ours, 'ours'), 'reference': side(reference, 'reference'),
           'ratio': stats['ratio'], 'spread': stats['spread'], 'alternations': stats['alternations'],
           'load_average': stats['load_average']}
+
+
+def emit(out: dict, path: str | None = None) -> dict:
+  """Prints a benchmark's JSON (the line run_all reads) and writes it to `path` too when given."""
+  text = json.dumps(out, indent=2)
+  print(text)
+  if path:
+    with open(path, 'w') as f:
+      f.write(text + '\n')
+  return out

@@ -183,12 +183,7 @@ def main(argv=None) -> dict:
                    'ratio': r['speedup'], 'spread': r['spread'], 'alternations': a.alternations,
                    'load_average': r['load_average']} for r in results],
          'speedup': float(np.median([r['speedup'] for r in results])) if results else None}
-  text = json.dumps(out, indent=2)
-  print(text)
-  if a.out:
-    with open(a.out, 'w') as f:
-      f.write(text + '\n')
-  return out
+  return interleaved.emit(out, a.out)
 
 
 if __name__ == '__main__':

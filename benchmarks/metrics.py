@@ -176,12 +176,7 @@ def main(argv=None) -> dict:
                      'torch_threads': torch.get_num_threads(), 'jax': jax.__version__,
                      'platform': platform.platform(), 'load_average': inter.load_average()},
          'precision': prec, 'torch_device': tdev, 'images': images, 'results': results, 'rows': rows}
-  text = json.dumps(out, indent=2)
-  print(text)
-  if a.out:
-    with open(a.out, 'w') as f:
-      f.write(text + '\n')
-  return out
+  return inter.emit(out, a.out)
 
 
 if __name__ == '__main__':
