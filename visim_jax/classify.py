@@ -16,6 +16,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.core import errors
 from visim_jax.data import images as images_lib
 from visim_jax.core.errors import UserError
@@ -25,7 +26,7 @@ def top_classes(backbone, arrays: Sequence[np.ndarray], top: int = 5) -> list[li
   """[(class name, probability)] * top for each uint8 image already resized to the backbone's input."""
   if not backbone.labels:
     raise UserError(f'--backbone: {backbone.name} has no classifier labels (try efficientnet_lite0)')
-  logits, _ = jax.jit(backbone.__call__)(np.stack(arrays))
+  logits, _ = cpu_kernels.jit(backbone.__call__)(np.stack(arrays))
   probs = np.asarray(jax.nn.softmax(logits, axis=-1))
   return [[(backbone.labels[i], float(p[i])) for i in np.argsort(-p)[:top]] for p in probs]
 

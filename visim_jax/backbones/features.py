@@ -34,6 +34,7 @@ import numpy as np
 from absl import logging
 from tqdm.auto import tqdm
 
+from visim_jax.core import cpu_kernels
 from visim_jax.core import device_rows, ops, report, sharding
 from visim_jax.backbones.base import Backbone
 from visim_jax.data import pipeline
@@ -72,7 +73,7 @@ def make_extract_fn(backbone: Backbone, layers: Sequence[str], dtype=jnp.float32
   cache = backbone.__dict__.setdefault('_extract_fns', {})
   key = (layers, jnp.dtype(dtype).name)
   if key not in cache:
-    @jax.jit
+    @cpu_kernels.jit
     def fn(variables, images):
       b = Backbone(backbone.name, backbone.apply_fn, variables, backbone.preprocess, layers, backbone.weights_id)
       _, stages = b(images, dtype)

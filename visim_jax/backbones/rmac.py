@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.core import ops, pca
 from visim_jax.core.errors import UserError
 
@@ -87,7 +88,7 @@ def region_counts(h: int, w: int, levels: int = 3, overlap: float = OVERLAP) -> 
   return [sum(1 for g in grid if g[0] == l) for l in range(1, levels + 1)]
 
 
-@functools.partial(jax.jit, static_argnames=('levels', 'overlap', 'include_global'))
+@functools.partial(cpu_kernels.jit, static_argnames=('levels', 'overlap', 'include_global'))
 def region_vectors(fmap: jax.Array, levels: int = 3, overlap: float = OVERLAP,
                    include_global: bool = False) -> jax.Array:
   """(N, H, W, C) map -> (N, R, C) L2-normalised region MACs (float32), R = len(region_grid(H, W)) (+1)."""
@@ -110,7 +111,7 @@ def apply_whitening(white: pca.PCA | None, regions: jax.Array) -> jax.Array:
   return ops.l2_normalize(pca.transform(white, regions))
 
 
-@jax.jit
+@cpu_kernels.jit
 def aggregate(regions: jax.Array, white: pca.PCA | None = None, mask: jax.Array | None = None) -> jax.Array:
   """R-MAC descriptors from region vectors (N, R, C) (mask (N, R): valid regions): whiten + L2 per region (if
   `white`), sum over regions, L2 -> (N, dim)."""
@@ -173,7 +174,7 @@ def make_regions_fn(backbone, layer: str = 'conv5_3', levels: int = 3, include_g
   if key not in cache:
     dt = jnp.dtype(dtype)
 
-    @jax.jit
+    @cpu_kernels.jit
     def fn(variables, images):
       x = backbone.preprocess.normalise(images, dt)
       if dt != jnp.float32:

@@ -14,6 +14,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from visim_jax.core import cpu_kernels
 
 BLOCK_ROWS = 1 << 15
 
@@ -23,7 +24,7 @@ def _updater(transform: Callable | None, dtype):
   def update(buf, blk, start):
     y = blk if transform is None else transform(blk)
     return jax.lax.dynamic_update_slice(buf, y.astype(dtype), (start, jnp.int32(0)))
-  return jax.jit(update, donate_argnums=0)
+  return cpu_kernels.jit(update, donate_argnums=0)
 
 
 def put_rows(x, total: int, sharding: jax.sharding.Sharding, dtype=None, transform: Callable | None = None,

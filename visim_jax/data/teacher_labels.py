@@ -25,13 +25,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.core import ops
 from visim_jax.data.triplet_index import TripletSet
 
 SAMPLING = ('border', 'within', 'between', 'mixed')
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3))
+@functools.partial(cpu_kernels.jit, static_argnums=(2, 3))
 def _lloyd(x, c0, k: int, iters: int):
   def assign(c):
     return jax.lax.map(lambda row: jnp.argmax(row @ c.T), x, batch_size=4096).astype(jnp.int32)
@@ -45,7 +46,7 @@ def _lloyd(x, c0, k: int, iters: int):
   return c, assign(c)
 
 
-@functools.partial(jax.jit, static_argnums=1)
+@functools.partial(cpu_kernels.jit, static_argnums=1)
 def _kmeans_pp(x, k: int, key):
   """k-means++ seeding on unit vectors (distance 1 - cos): each next centre drawn with probability ~ its squared
   distance to the nearest chosen centre."""

@@ -22,6 +22,7 @@ import time
 import jax
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.training import compile_cache
 from visim_jax.backbones import features as features_lib
 from visim_jax.training import collapse, runtime, adaptation_runs
@@ -85,10 +86,10 @@ def train_all(hp: adaptation_runs.Hparams, feats: adaptation_runs.Features, run:
   hp_x = dataclasses.replace(hp, runs=sharding.padded(runs, mesh))  # extra runs are computed, then dropped
   feats_j = adaptation_runs.Features(*(None if a is None else sharding.to_global(np.asarray(a, np.float32), rep)
                              for a in feats))
-  sp = jax.jit(adaptation_runs.splits, static_argnums=(0, 1), out_shardings=per_run)(hp_x, len(feats.left))
+  sp = cpu_kernels.jit(adaptation_runs.splits, static_argnums=(0, 1), out_shardings=per_run)(hp_x, len(feats.left))
   shape = lambda idx: (hp_x.runs, len(hp.sigmas), hp.epochs, idx.shape[1])
-  fit = jax.jit(adaptation_runs.fit_pcas, static_argnums=0, out_shardings=per_run)
-  init = jax.jit(adaptation_runs.init_state, static_argnums=0, out_shardings=per_run)
+  fit = cpu_kernels.jit(adaptation_runs.fit_pcas, static_argnums=0, out_shardings=per_run)
+  init = cpu_kernels.jit(adaptation_runs.init_state, static_argnums=0, out_shardings=per_run)
   host = {'loss': np.zeros(shape(sp.test)[:3], np.float32), 'ranks': np.zeros(shape(sp.test), np.int32)}
   if sp.val is not None:
     host['val_ranks'] = np.zeros(shape(sp.val), np.int32)
@@ -101,9 +102,9 @@ def train_all(hp: adaptation_runs.Hparams, feats: adaptation_runs.Features, run:
   if tree is None:
     tree = {'state': init(hp_x), 'pca': dict(fit(hp_x, feats_j, sp.train)._asdict()), **host}
   pcas = adaptation_runs.pca_lib.PCA(**tree['pca'])
-  data = jax.jit(adaptation_runs.project, out_shardings=per_run)(feats_j, pcas, sp)
-  base = jax.jit(adaptation_runs.baselines, out_shardings=per_run)(feats_j, data, sp.test)
-  evr = jax.jit(adaptation_runs.explained_variance, static_argnums=0, out_shardings=per_run)(hp_x, feats_j, pcas, sp.train)
+  data = cpu_kernels.jit(adaptation_runs.project, out_shardings=per_run)(feats_j, pcas, sp)
+  base = cpu_kernels.jit(adaptation_runs.baselines, out_shardings=per_run)(feats_j, data, sp.test)
+  evr = cpu_kernels.jit(adaptation_runs.explained_variance, static_argnums=0, out_shardings=per_run)(hp_x, feats_j, pcas, sp.train)
   chunk = adaptation_runs.chunk_program(out_shardings=per_run)
 
   def chunk_fn(tree, e0, n):

@@ -33,6 +33,7 @@ import time
 import jax
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.experiments import checks
 from visim_jax.core import report, sharding
 from visim_jax.models import heads
@@ -56,7 +57,7 @@ def fingerprint(hp: head_step.Hparams, eval_every: int, x, train, val) -> runtim
 @functools.lru_cache(maxsize=8)
 def _init_program(rep):
   """head_step.init_state jitted with replicated outputs (one per sharding: a resumed run in one process reuses it)."""
-  return jax.jit(head_step.init_state, static_argnums=(0, 1), out_shardings=rep)
+  return cpu_kernels.jit(head_step.init_state, static_argnums=(0, 1), out_shardings=rep)
 
 
 def run(config, workdir: str, progress: bool = True, devices=None) -> dict:

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.experiments import checks
 from visim_jax.core import memory, ops, pca, report
 from visim_jax.training import adapter_file
@@ -81,7 +82,7 @@ def load_sets(config) -> tuple[dict, str]:
   return {s: nights.load(root, s, config.min_votes) for s in ('train',) + EVAL_SPLITS}, root
 
 
-@functools.partial(jax.jit, static_argnums=2)
+@functools.partial(cpu_kernels.jit, static_argnums=2)
 def _pca(feats, rows, dim: int):
   """(PCA fit on the train images' rows, every image projected)."""
   p = pca.fit(feats[rows], dim)
@@ -180,7 +181,7 @@ def _score(d0, d1, judge, config) -> dict:
   return human_metrics.twoafc_interval(d0, d1, judge, n_resamples=int(config.n_boot), seed=int(config.seed))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5))
+@functools.partial(cpu_kernels.jit, static_argnums=(0, 5))
 def _distances(hp, params, feats, x, splits, with_pca: bool):
   """{head: {split: (d0, d1)}} of the frozen features, the PCA'd ones ('adapter') and the trained head, in one
   compiled program (cosine distances; every image normalised once)."""

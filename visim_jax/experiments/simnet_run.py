@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from visim_jax.core import report
+from visim_jax.core import cpu_kernels, report
 from visim_jax.training import runtime
 from visim_jax.models import simnet
 from visim_jax.core.errors import UserError
@@ -51,11 +51,11 @@ def train(config, rt: runtime.Run, d: dict):
   W = config.warmup_steps
   S1 = W + (config.steps if config.mode != 'warmup' else 0)
   S2 = S1 + (config.refine_steps if config.mode != 'warmup' else 0)
-  tree = _host({'params': params, 'opt_state': jax.jit(tx.init)(params), 'losses': np.full((S2,), np.nan, np.float32),
+  tree = _host({'params': params, 'opt_state': cpu_kernels.jit(tx.init)(params), 'losses': np.full((S2,), np.nan, np.float32),
                 'warm_curve': np.full((S2 // every + 2, 3), np.nan, np.float32)})  # (step, mse, rho)
   tree, step = rt.restore(tree)
   tree = {**tree, 'losses': np.array(tree['losses']), 'warm_curve': np.array(tree['warm_curve'])}
-  pairs = jax.jit(simnet.random_pairs, static_argnums=(1, 2), static_argnames='x_dist')  # one compilation, not many
+  pairs = cpu_kernels.jit(simnet.random_pairs, static_argnums=(1, 2), static_argnames='x_dist')  # one compilation, not many
   wx, wy, wc = pairs(k_eval, int(config.warmup_eval_pairs), dim, x_dist=config.warmup_x_dist)
   warm_eval = lambda p: _warm_eval(p, wx, wy, wc)
 
@@ -82,7 +82,7 @@ def train(config, rt: runtime.Run, d: dict):
   if config.mode != 'warmup':
     data = jax.tree.map(jnp.asarray, d['train'])
     if step == W:
-      tree['opt_state'] = _host(jax.jit(tx.init)(tree['params']))  # a fresh optimiser for training proper
+      tree['opt_state'] = _host(cpu_kernels.jit(tx.init)(tree['params']))  # a fresh optimiser for training proper
     stage1 = lambda t, s0, n: simnet.train_chunk(tx, t['params'], t['opt_state'], k_train, s0, data, config.delta, n,
                                                  bs, config.mode)
     tree = loop(tree, stage1, step, S1)
@@ -116,7 +116,7 @@ def _flat(params):
 
 
 def _warm_eval(params, x, y, c):
-  s = jax.jit(simnet.apply)(params, x, y)
+  s = cpu_kernels.jit(simnet.apply)(params, x, y)
   return {k: float(v) for k, v in simnet.regression_stats(s, c).items()}, np.asarray(s)
 
 

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from visim_jax.backbones import features as features_lib
+from visim_jax.core import cpu_kernels
 from visim_jax.core import report, sharding
 from visim_jax.data import image_batches
 from visim_jax.experiments import checks, config_fields, tune_data, tune_memory
@@ -151,7 +152,7 @@ def _process_rows(batch: int) -> tuple[int, int]:
 
 def _embedder(hp, tower):
   from visim_jax.training import tower_step
-  return jax.jit(functools.partial(tower_step.embed, hp, tower))
+  return cpu_kernels.jit(functools.partial(tower_step.embed, hp, tower))
 
 
 def _evaluate(eval_hp, mesh, table, rows, pos, target, fo, embed, trainable, frozen) -> dict:

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.models import ensembles
 from visim_jax.core import ops, report
 from visim_jax.training import runtime
@@ -94,7 +95,7 @@ def train_models(run_: runtime.Run, config, feats, train_sets: context.Batch, na
   """K models through the runtime (Orbax chunks, resume): (params (K, ...), loss (K, steps))."""
   hp = model_hparams(config)
   k = train_sets.ref.shape[0]
-  chunk = jax.jit(functools.partial(context.train_chunk, hp), static_argnums=4)
+  chunk = cpu_kernels.jit(functools.partial(context.train_chunk, hp), static_argnums=4)
   feats_j = jnp.asarray(feats)
 
   def chunk_fn(tree, step0, n):
@@ -161,7 +162,7 @@ def evaluate(config, workdir, run_, folder, sets, feats, table, feat_desc, synth
   feats_j = jnp.asarray(feats)
   unit = eval_units(m.steps)
   with run_.phase(EVAL_PHASES[0], unit):
-    d_a, d_b, s = (np.asarray(x) for x in jax.jit(context.predict_all)(params, feats_j, *idx))
+    d_a, d_b, s = (np.asarray(x) for x in cpu_kernels.jit(context.predict_all)(params, feats_j, *idx))
     cos = np.asarray(twoafc.cosine_scores(feats_j, *idx, a_closer))
   bounds = np.cumsum([0] + [len(t) for t in parts])
   sl = [slice(int(bounds[i]), int(bounds[i + 1])) for i in range(len(parts))]

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from visim_jax.core import cpu_kernels
 from visim_jax.core import device_rows, memory
 from visim_jax.core.errors import UserError
 from visim_jax.metrics.bins import NUM_BINS, bin_index
@@ -140,7 +141,7 @@ def _program(mesh: Mesh, classes: int, bins: int, tile: int, pairwise: bool):
     (h, p), _ = jax.lax.scan(body, init, ((ij[:, 0], ij[:, 1]), ok))
     return jax.lax.psum(h, AXIS), jax.lax.psum(p, AXIS)
 
-  return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(), P(AXIS), P(AXIS)),
+  return cpu_kernels.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(), P(AXIS), P(AXIS)),
                                out_specs=(P(), P()), check_vma=False))
 
 

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.core import memory, ops
 from visim_jax.core.errors import UserError
 from visim_jax.metrics import blocked_histograms as blocked
@@ -73,7 +74,7 @@ def standardize(x: jax.Array, mode: str = 'target', mean=None, std=None, eps: fl
   return (x - mean) / jnp.maximum(std, eps)
 
 
-@functools.partial(jax.jit, static_argnames=('mode',))
+@functools.partial(cpu_kernels.jit, static_argnames=('mode',))
 def prepare(x, mode: str = 'target', mean=None, std=None):
   """Standardise then L2-normalise: rows whose dot products are the cosine similarities of the paper."""
   return ops.l2_normalize(standardize(x, mode, mean, std))
@@ -146,14 +147,14 @@ def _metrics(hist_intra, hist_inter, valid, pair_hist=None):
   return out
 
 
-histogram_metrics = jax.jit(_metrics)
+histogram_metrics = cpu_kernels.jit(_metrics)
 histogram_metrics.__doc__ = """Every metric from (C, B) count histograms of the classes marked valid ((C,) bool).
 
 Per class: `class_overlap`, `class_mean_intra`, `class_std_intra`, `class_mean_inter`, `class_std_inter`;
 scalars: `overlap` (Eq. 3), `max_class_overlap`, `astd_inter`, `astd_intra` (Eq. 4), `class_mean_spread_*`;
 with the (C, C, B) pair histograms also `max_overlap` (pairwise, Sec. 9.2), `max_overlap_pair` (flat index
 y * C + y'), `pairwise_min_pairs` (fewest pairs behind one evaluated class pair)."""
-_replicate_metrics = jax.jit(jax.vmap(_metrics))
+_replicate_metrics = cpu_kernels.jit(jax.vmap(_metrics))
 
 
 # ----------------------------------------------------------------------------------- the evaluation

@@ -37,25 +37,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.metrics import degenerate
 
 TIES = ('le', 'lt', 'split')
 
 
-@jax.jit
+@cpu_kernels.jit
 def twoafc_scores(d0, d1, judge) -> jax.Array:
   """Per-triplet 2AFC agreement with humans in [0, 1] (LPIPS / DreamSim rule; distances, j = P(human picks p1))."""
   d0, d1, j = (jnp.asarray(x, jnp.float32) for x in (d0, d1, judge))
   return (d0 < d1) * (1.0 - j) + (d1 < d0) * j + (d1 == d0) * 0.5
 
 
-@jax.jit
+@cpu_kernels.jit
 def twoafc_score(d0, d1, judge) -> jax.Array:
   """Mean 2AFC score: BAPPS per set (score_2afc_dataset), NIGHTS per split (score_nights_dataset)."""
   return twoafc_scores(d0, d1, judge).mean()
 
 
-@jax.jit
+@cpu_kernels.jit
 def voc_ap(rec, prec) -> jax.Array:
   """VOC all-points average precision of a PR curve (recall non-decreasing), as LPIPS's voc_ap(use_07=False)."""
   rec, prec = jnp.asarray(rec, jnp.float32), jnp.asarray(prec, jnp.float32)
@@ -66,7 +67,7 @@ def voc_ap(rec, prec) -> jax.Array:
   return jnp.sum(jnp.where(step != 0, step * mpre[1:], 0.0))
 
 
-@jax.jit
+@cpu_kernels.jit
 def jnd_ap(d, same) -> jax.Array:
   """BAPPS JND score: average precision of 'same' ranked by increasing distance (score_jnd_dataset)."""
   d, same = jnp.asarray(d, jnp.float32), jnp.asarray(same, jnp.float32)
@@ -77,7 +78,7 @@ def jnd_ap(d, same) -> jax.Array:
   return voc_ap(tp / (tp + fn), tp / (tp + fp))
 
 
-@functools.partial(jax.jit, static_argnames='ties')
+@functools.partial(cpu_kernels.jit, static_argnames='ties')
 def odd_one_out_correct(d, odd, ties: str = 'le') -> jax.Array:
   """Per-triplet agreement (T,) with the human odd one; d (T, 3) distances of pairs (0,1), (0,2), (1,2)."""
   if ties not in TIES:
@@ -94,7 +95,7 @@ def odd_one_out_correct(d, odd, ties: str = 'le') -> jax.Array:
   return jnp.where(dh == d.min(axis=1), 1.0 / n_min, 0.0)
 
 
-@functools.partial(jax.jit, static_argnames='ties')
+@functools.partial(cpu_kernels.jit, static_argnames='ties')
 def odd_one_out_accuracy(d, odd, ties: str = 'le') -> jax.Array:
   return odd_one_out_correct(d, odd, ties).mean()
 
@@ -104,7 +105,7 @@ def triplet_pair_distances(dist: Callable, x) -> jax.Array:
   return jnp.stack([dist(x[:, 0], x[:, 1]), dist(x[:, 0], x[:, 2]), dist(x[:, 1], x[:, 2])], axis=1)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
+@functools.partial(cpu_kernels.jit, static_argnums=(0, 3))
 def bootstrap(stat: Callable, arrays: Sequence, key: jax.Array, n_resamples: int = 1000) -> jax.Array:
   """(n_resamples,) values of stat(*arrays[idx]) for idx = N draws with replacement, one draw per resample,
   vmapped. `arrays` share their leading axis (the items); `stat` must be a hashable pure function."""

@@ -12,11 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.core import ops
 from visim_jax.metrics.pair_sampling import bucket
 
 
-@functools.partial(jax.jit, static_argnames=('k', 'num_classes', 'db_chunk'))
+@functools.partial(cpu_kernels.jit, static_argnames=('k', 'num_classes', 'db_chunk'))
 def knn_predict(x, labels, queries, *, k: int = 10, num_classes: int, db_chunk: int = 8192):
   """Leave-one-out kNN class of each query row (indices into x) among the rows with label >= 0: (Q,) int32.
 

@@ -45,11 +45,12 @@ from typing import Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from visim_jax.core import cpu_kernels
 
 REVISITED_SETTINGS = ('easy', 'medium', 'hard')
 
 
-@jax.jit
+@cpu_kernels.jit
 def ranked_positions(scores: jax.Array, positive: jax.Array, junk: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(is a counted positive (Q, D) in ranked order, 0-based rank with junk removed (Q, D)); junk entries get rank
   -1 and are never counted positives (compute_ap.cpp: a junk entry is skipped even when it is also positive)."""
@@ -60,7 +61,7 @@ def ranked_positions(scores: jax.Array, positive: jax.Array, junk: jax.Array) ->
   return pos, rank
 
 
-@jax.jit
+@cpu_kernels.jit
 def average_precision(scores: jax.Array, positive: jax.Array, junk: jax.Array | None = None) -> jax.Array:
   """AP of each query: scores (Q, D), positive / junk (Q, D) bool -> (Q,) (NaN where a query has no positive)."""
   if junk is None:
@@ -76,7 +77,7 @@ def average_precision(scores: jax.Array, positive: jax.Array, junk: jax.Array | 
   return jnp.where(n > 0, total / jnp.maximum(n, 1.0), jnp.nan)
 
 
-@jax.jit
+@cpu_kernels.jit
 def precision_recall_at(scores: jax.Array, positive: jax.Array, junk: jax.Array | None,
                         ks: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(P@k (Q, K) with revisitop's k' = min(last positive rank, k), recall@k (Q, K)); NaN rows without positives."""

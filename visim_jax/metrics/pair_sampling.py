@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.metrics.bins import NUM_BINS, bin_index
 
 
@@ -103,7 +104,7 @@ def per_round(num_classes: int, dim: int, n_pairs: int, chunk_elems: int = 0) ->
   return int(max(1, min(n_pairs, chunk_elems // max(1, num_classes * dim))))
 
 
-@functools.partial(jax.jit, static_argnames=('n_pairs', 'kind', 'bins', 'round_size', 'pairwise'))
+@functools.partial(cpu_kernels.jit, static_argnames=('n_pairs', 'kind', 'bins', 'round_size', 'pairwise'))
 def random_pair_histograms(x, index: ClassIndex, key, *, n_pairs: int, kind: str, bins: int = NUM_BINS,
                            round_size: int = 64, pairwise: bool = False):
   """(C, bins) int32 counts of `n_pairs` random `kind` ('intra' | 'inter') pairs per class.

@@ -34,6 +34,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from visim_jax.core import cpu_kernels
 
 TESTS = ('bootstrap', 'sign', 'none')
 LOGLIK_CLIP = 1e-4
@@ -69,7 +70,7 @@ def _mean(v):
 
 # ------------------------------------------------------------------------------------------ paired tests
 
-@functools.partial(jax.jit, static_argnums=(0, 4))
+@functools.partial(cpu_kernels.jit, static_argnums=(0, 4))
 def _boot_diffs(stat, arrays_a, arrays_b, idx, n_args):
   del n_args
   return jax.vmap(lambda i: stat(*(a[i] for a in arrays_a)) - stat(*(b[i] for b in arrays_b)))(idx)
@@ -185,7 +186,7 @@ def _ecdf(values: np.ndarray, pooled: np.ndarray) -> np.ndarray:
   return (lo + hi) / (2.0 * len(s))
 
 
-@functools.partial(jax.jit, static_argnames='block')
+@functools.partial(cpu_kernels.jit, static_argnames='block')
 def _loo_nw(u0, u1, j, bandwidth, block: int = 512):
   """Leave-one-triplet-out kernel average of the judgements at each (u0_i, u1_i), the data symmetrised."""
   n = u0.shape[0]

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.metrics import degenerate
 from visim_jax.core.ops import l2_normalize
 
@@ -44,7 +45,7 @@ def default_chunk() -> int:
   return 1024 if jax.default_backend() == 'cpu' else 65536
 
 
-@functools.partial(jax.jit, static_argnames='chunk')
+@functools.partial(cpu_kernels.jit, static_argnames='chunk')
 def _cosine_pair_scores(feats: jax.Array, ref: jax.Array, a: jax.Array, b: jax.Array, chunk: int):
   """(cos(R, A), cos(R, B)) for rows of a feature table: normalised once per image, then gathered `chunk`
   triples at a time (bounded memory for millions of triples)."""
@@ -62,7 +63,7 @@ def cosine_scores(feats: jax.Array, ref: jax.Array, a: jax.Array, b: jax.Array, 
   return _cosine_scores(feats, ref, a, b, a_closer, chunk or default_chunk())
 
 
-@functools.partial(jax.jit, static_argnames='chunk')
+@functools.partial(cpu_kernels.jit, static_argnames='chunk')
 def _cosine_scores(feats, ref, a, b, a_closer, chunk: int):
   s_ra, s_rb = _cosine_pair_scores(feats, ref, a, b, chunk)
   return score(s_ra, s_rb, a_closer)
@@ -70,7 +71,7 @@ def _cosine_scores(feats, ref, a, b, a_closer, chunk: int):
 
 def transformed_scores(transform: Callable[[jax.Array], jax.Array], feats, ref, a, b, a_closer):
   """2AFC scores of cosine after `transform` (any pure function of a (N, D) batch, e.g. adapt(params, .))."""
-  return cosine_scores(jax.jit(transform)(jnp.asarray(feats)), ref, a, b, a_closer)
+  return cosine_scores(cpu_kernels.jit(transform)(jnp.asarray(feats)), ref, a, b, a_closer)
 
 
 def pair_fn_scores(score_fn: Callable[[jax.Array, jax.Array], jax.Array], feats, ref, a, b, a_closer,
@@ -81,7 +82,7 @@ def pair_fn_scores(score_fn: Callable[[jax.Array, jax.Array], jax.Array], feats,
   """
   feats = jnp.asarray(feats)
   ref, a, b = (np.asarray(x) for x in (ref, a, b))
-  fn = jax.jit(lambda r, c: score_fn(feats[r], feats[c]))
+  fn = cpu_kernels.jit(lambda r, c: score_fn(feats[r], feats[c]))
   t = len(ref)
   bs = max(1, min(batch_size, t))
   s_ra, s_rb = np.empty(t, np.float32), np.empty(t, np.float32)
@@ -104,7 +105,7 @@ def group_ids(keys) -> tuple[np.ndarray, np.ndarray]:
   return uniq[order], rank[inv.reshape(-1)].astype(np.int32)
 
 
-@functools.partial(jax.jit, static_argnums=2)
+@functools.partial(cpu_kernels.jit, static_argnums=2)
 def per_group_mean(scores: jax.Array, groups: jax.Array, n_groups: int):
   """(mean score per group (..., G), count per group (G,)); scores (..., T), groups (T,)."""
   scores = jnp.asarray(scores, jnp.float32)
@@ -114,13 +115,13 @@ def per_group_mean(scores: jax.Array, groups: jax.Array, n_groups: int):
   return sums / jnp.maximum(counts, 1.0), counts
 
 
-@functools.partial(jax.jit, static_argnums=2)
+@functools.partial(cpu_kernels.jit, static_argnums=2)
 def _boot_triplets(key, scores, n_boot: int):
   t = scores.shape[0]
   return jax.vmap(lambda k: scores[jax.random.randint(k, (t,), 0, t)].mean())(jax.random.split(key, n_boot))
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4))
+@functools.partial(cpu_kernels.jit, static_argnums=(3, 4))
 def _boot_groups(key, scores, groups, n_groups: int, n_boot: int):
   sums = jax.ops.segment_sum(scores, groups, n_groups)
   counts = jax.ops.segment_sum(jnp.ones_like(scores), groups, n_groups)
@@ -154,7 +155,7 @@ def _check_n_boot(n_boot: int, alpha: float) -> None:
     raise ValueError(f'n_boot={n_boot}: use 0 (no interval) or >= {degenerate.min_boot(alpha)}')
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4))
+@functools.partial(cpu_kernels.jit, static_argnums=(3, 4))
 def _boot_groups_many(key, scores, groups, n_groups: int, n_boot: int):
   return jax.vmap(lambda s: _boot_groups(key, s, groups, n_groups, n_boot))(scores)
 

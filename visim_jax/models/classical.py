@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.core.errors import UserError
 
 COLOURS = ('rgb', 'grey', 'y', 'lab')
@@ -144,7 +145,7 @@ def _pixel_mean(x):
   return jnp.mean(x, axis=tuple(range(1, x.ndim)))
 
 
-@functools.partial(jax.jit, static_argnums=2)
+@functools.partial(cpu_kernels.jit, static_argnums=2)
 def l1(x, y, opts: PixelOptions = PixelOptions()) -> jax.Array:
   """(N,) mean |x - y| over pixels and channels (LOWER = more similar)."""
   a, _ = to_colour(jnp.asarray(x, jnp.float32), opts.colour)
@@ -152,7 +153,7 @@ def l1(x, y, opts: PixelOptions = PixelOptions()) -> jax.Array:
   return _pixel_mean(jnp.abs(a - b))
 
 
-@functools.partial(jax.jit, static_argnums=2)
+@functools.partial(cpu_kernels.jit, static_argnums=2)
 def l2(x, y, opts: PixelOptions = PixelOptions()) -> jax.Array:
   """(N,) mean squared error over pixels and channels (LOWER = more similar); colour='lab': the LPIPS paper's L2
   baseline, 0.5 mean(((Lab_x - Lab_y) / 100)^2)."""
@@ -162,7 +163,7 @@ def l2(x, y, opts: PixelOptions = PixelOptions()) -> jax.Array:
   return 0.5 * mse if opts.colour == 'lab' else mse
 
 
-@functools.partial(jax.jit, static_argnums=2)
+@functools.partial(cpu_kernels.jit, static_argnums=2)
 def psnr(x, y, opts: PixelOptions = PixelOptions()) -> jax.Array:
   """(N,) -10 log10(MSE / L^2 + 1e-8) in dB (piq's psnr; HIGHER = more similar; identical images: 80 dB)."""
   a, rng = to_colour(jnp.asarray(x, jnp.float32), opts.colour)
@@ -216,7 +217,7 @@ def _avg_pool(x: jax.Array, f: int) -> jax.Array:
   return s / (f * f)
 
 
-@functools.partial(jax.jit, static_argnums=2)
+@functools.partial(cpu_kernels.jit, static_argnums=2)
 def ssim(x, y, opts: SSIMOptions = SSIMOptions()) -> jax.Array:
   """(N,) SSIM (HIGHER = more similar) of float [0, 1] NHWC batches (module docstring)."""
   a, rng = to_colour(jnp.asarray(x, jnp.float32), opts.colour)
@@ -246,7 +247,7 @@ def ms_ssim_min_size(opts: SSIMOptions) -> int:
   return (opts.size - 1) * 2 ** (len(opts.weights) - 1) + 1
 
 
-@functools.partial(jax.jit, static_argnums=2)
+@functools.partial(cpu_kernels.jit, static_argnums=2)
 def ms_ssim(x, y, opts: SSIMOptions = SSIMOptions()) -> jax.Array:
   """(N,) MS-SSIM (HIGHER = more similar) of float [0, 1] NHWC batches of sides >= ms_ssim_min_size(opts)."""
   a, rng = to_colour(jnp.asarray(x, jnp.float32), opts.colour)

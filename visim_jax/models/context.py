@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from visim_jax.core import cpu_kernels
 from visim_jax.core.ops import l2_normalize
 
 
@@ -149,7 +150,7 @@ def _key(hp: Hparams, k) -> jax.Array:
   return jax.random.fold_in(jax.random.PRNGKey(hp.seed), k)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+@functools.partial(cpu_kernels.jit, static_argnums=(0, 1, 2))
 def init_state(hp: Hparams, in_dim: int, k: int) -> State:
   """K models' initial State (stacked); model k is initialised from fold_in(fold_in(PRNGKey(seed), k), 0)."""
   def one(i):

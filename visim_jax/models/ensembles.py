@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from visim_jax.core import cpu_kernels
 from visim_jax.core import pca as pca_lib
 from visim_jax.data import cosis
 from visim_jax.metrics import twoafc
@@ -95,7 +96,7 @@ def window_sum(x: jax.Array, window: int) -> jax.Array:
   return jax.lax.reduce_window(x, 0.0, jax.lax.add, dims, (1,) * x.ndim, pad)
 
 
-@functools.partial(jax.jit, static_argnames=('grid', 'window'))
+@functools.partial(cpu_kernels.jit, static_argnames=('grid', 'window'))
 def fit_credibility(xy: jax.Array, per_ref_acc: jax.Array, grid: int = 200, window: int = 10) -> CredibilityMaps:
   """Credibility maps of K models from their per-reference correctness (K, R) at R fit points xy (R, 2)."""
   edges = grid_edges(xy, grid)
@@ -195,14 +196,14 @@ def mlp_weights(pred: jax.Array, mask: jax.Array | None = None) -> jax.Array:
 
 # ------------------------------------------------------------------------------ fitted on val, applied
 
-@functools.partial(jax.jit, static_argnames=('hidden', 'epochs', 'lr', 'alpha', 'batch_size'))
+@functools.partial(cpu_kernels.jit, static_argnames=('hidden', 'epochs', 'lr', 'alpha', 'batch_size'))
 def fit_mlp_repeats(keys: jax.Array, x: jax.Array, per_ref_acc: jax.Array, hidden: int = 16, epochs: int = 200,
                     lr: float = 1e-3, alpha: float = 1e-4, batch_size: int = 200) -> dict:
   """fit_mlp once per key (N repeats, the paper's 'three times'), one program: params with axes (N, K, ...)."""
   return jax.vmap(lambda k: fit_mlp(k, x, per_ref_acc, hidden, epochs, lr, alpha, batch_size))(keys)
 
 
-@functools.partial(jax.jit, static_argnames=('threshold',))
+@functools.partial(cpu_kernels.jit, static_argnames=('threshold',))
 def ensemble_scores(cm: CredibilityMaps, xy: jax.Array, mlp_params: dict, x_mlp: jax.Array, d_a: jax.Array,
                     d_b: jax.Array, a_closer: jax.Array, groups: jax.Array, best, threshold: float = 0.75) -> dict:
   """Per-triple scores of the best single model, majority vote, PCA credibility and MLP ensembles (N repeats)
@@ -229,7 +230,7 @@ def subset_masks(k: int) -> np.ndarray:
   return np.stack(rows)
 
 
-@functools.partial(jax.jit, static_argnames=('threshold', 'batch'))
+@functools.partial(cpu_kernels.jit, static_argnames=('threshold', 'batch'))
 def subset_sweep(masks: jax.Array, d_a: jax.Array, d_b: jax.Array, a_closer: jax.Array, groups: jax.Array,
                  cred: jax.Array, count: jax.Array, mlp_pred: jax.Array, threshold: float = 0.75,
                  batch: int = 8) -> dict:

@@ -45,6 +45,7 @@ from visim_jax.backbones import alexnet as alexnet_lib
 from visim_jax.backbones import packaged
 from visim_jax.backbones import vgg as vgg_lib
 from visim_jax.backbones import weights as weights_lib
+from visim_jax.core import cpu_kernels
 from visim_jax.core.errors import UserError
 
 NETS = ('alex', 'vgg')
@@ -91,7 +92,7 @@ def trunk_maps(net: str, arch: tuple, trunk: dict, x: jax.Array) -> tuple[jax.Ar
   return tuple(stages[t] for t in TAPS[net])
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
+@functools.partial(cpu_kernels.jit, static_argnums=(0, 1))
 def _embed(net: str, arch: tuple, trunk: dict, x: jax.Array) -> tuple[jax.Array, ...]:
   return tuple(normalize(f) for f in trunk_maps(net, arch, trunk, scale_input(x)))
 

@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from visim_jax.core import cpu_kernels
 from visim_jax.core import ops
 
 ARCHITECTURES: dict[str, tuple[int, ...]] = {
@@ -227,7 +228,7 @@ def _tiles(q_tile: int, d_tile: int, n_q: int, n_d: int) -> tuple[int, int]:
   return max(1, min(q_tile, n_q)), max(1, min(d_tile, n_d))
 
 
-@functools.partial(jax.jit, static_argnames=('q_tile', 'd_tile', 'compute_dtype'))
+@functools.partial(cpu_kernels.jit, static_argnames=('q_tile', 'd_tile', 'compute_dtype'))
 def score_matrix(params: Params, queries: jax.Array, database: jax.Array, q_tile: int = 256,
                  d_tile: int = 256, compute_dtype: str = 'float32') -> jax.Array:
   """S[a, b] = g([queries[a], database[b]]) for every pair: (Q, K), (D, K) -> (Q, D) float32, tile by tile."""
@@ -247,7 +248,7 @@ def score_matrix(params: Params, queries: jax.Array, database: jax.Array, q_tile
   return out[:n_q, :n_d]
 
 
-@functools.partial(jax.jit, static_argnames=('k', 'q_tile', 'd_tile', 'compute_dtype'))
+@functools.partial(cpu_kernels.jit, static_argnames=('k', 'q_tile', 'd_tile', 'compute_dtype'))
 def top_k(params: Params, queries: jax.Array, database: jax.Array, k: int, q_tile: int = 256,
           d_tile: int = 256, compute_dtype: str = 'float32') -> tuple[jax.Array, jax.Array]:
   """The k best database items per query by g([q, x]): (scores (Q, k) descending, indices (Q, k) int32).
@@ -272,7 +273,7 @@ def top_k(params: Params, queries: jax.Array, database: jax.Array, k: int, q_til
   return s.reshape(-1, k)[:n_q], i.reshape(-1, k)[:n_q]
 
 
-@functools.partial(jax.jit, static_argnames=('q_tile', 'd_tile'))
+@functools.partial(cpu_kernels.jit, static_argnames=('q_tile', 'd_tile'))
 def score_matrix_naive(params: Params, queries: jax.Array, database: jax.Array, q_tile: int = 64,
                        d_tile: int = 256) -> jax.Array:
   """Reference: forms [x_i, x_j] for every pair of a tile and applies g (what one writes without the split)."""
@@ -356,7 +357,7 @@ def sample_from_pool(key, pool_pos, pool_neg, n):
 
 # ---------------------------------------------------------------------------- training chunks (jitted)
 
-@functools.partial(jax.jit, static_argnames=('tx', 'n_steps', 'batch', 'dim', 'x_dist'))
+@functools.partial(cpu_kernels.jit, static_argnames=('tx', 'n_steps', 'batch', 'dim', 'x_dist'))
 def warmup_chunk(tx, params, opt_state, key, step0, n_steps: int, batch: int, dim: int, x_dist: str = 'cube'):
   """n_steps of warm-up (delta = 0 on random pairs). Keys fold in the global step: resuming is exact."""
   def body(carry, step):
@@ -369,7 +370,7 @@ def warmup_chunk(tx, params, opt_state, key, step0, n_steps: int, batch: int, di
   return params, opt_state, losses
 
 
-@functools.partial(jax.jit, static_argnames=('tx', 'n_steps', 'batch', 'kind', 'n_hard'))
+@functools.partial(cpu_kernels.jit, static_argnames=('tx', 'n_steps', 'batch', 'kind', 'n_hard'))
 def train_chunk(tx, params, opt_state, key, step0, data, delta, n_steps: int, batch: int, kind: str,
                 n_hard: int = 0):
   """n_steps of Eq. 2 on balanced pairs; data = {'a': (Na, D), 'b': (Nb, D), 'index' (class_index arrays),

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from visim_jax.core import cpu_kernels
 from visim_jax.core import ops
 
 AXIS = 'db'
@@ -100,7 +101,7 @@ def _offset(n_local):
   return jax.lax.axis_index(AXIS) * n_local
 
 
-@functools.partial(jax.jit, static_argnames=('k', 'block', 'mesh'))
+@functools.partial(cpu_kernels.jit, static_argnames=('k', 'block', 'mesh'))
 def sharded_topk(queries, shards, valid, exclude, *, k: int, block: int, mesh):
   """Top-k over a database split along its rows across `mesh` (shards (S * n_local, D), valid (S * n_local,))."""
   n_local = shards.shape[0] // mesh.devices.size
@@ -118,7 +119,7 @@ def sharded_topk(queries, shards, valid, exclude, *, k: int, block: int, mesh):
   return top_s, jnp.take_along_axis(i, pos, axis=1)
 
 
-@functools.partial(jax.jit, static_argnames=('block', 'mesh'))
+@functools.partial(cpu_kernels.jit, static_argnames=('block', 'mesh'))
 def sharded_partner_ranks(queries, shards, valid, partner, exclude, *, block: int, mesh):
   """1 + #{j != partner : s_j >= s_partner} (pessimistic ties) over the whole sharded database."""
   n_local = shards.shape[0] // mesh.devices.size

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from visim_jax.core import cpu_kernels
 from visim_jax.models import adaptation
 from visim_jax.losses import symmetric_ce
 from visim_jax.core import pca as pca_lib
@@ -230,7 +231,7 @@ def chunk_program(out_shardings=None):
   """train_chunk jitted (hp and n_epochs static) with the compiler options of the default backend."""
   opts = CPU_COMPILER_OPTIONS if jax.default_backend() == 'cpu' else None
   kw = {} if out_shardings is None else {'out_shardings': out_shardings}
-  return jax.jit(train_chunk, static_argnums=(0, 3), compiler_options=opts, **kw)
+  return cpu_kernels.jit(train_chunk, static_argnums=(0, 3), compiler_options=opts, **kw)
 
 
 # ------------------------------------------------------------------------------ host side: the epoch rule

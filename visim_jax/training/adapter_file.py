@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.core import ops
 from visim_jax.core.errors import UserError
 
@@ -49,7 +50,7 @@ class Adapter(NamedTuple):
     return int(self.w.shape[1])
 
 
-@jax.jit
+@cpu_kernels.jit
 def adapt_arrays(mean, components, scale, w, feats):
   """The pure math: relu(((feats - mean) @ components * scale) @ w), float32."""
   d = ((feats.astype(jnp.float32) - mean) @ components) * scale

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from visim_jax.core import cpu_kernels
 from visim_jax.models import heads
 from visim_jax.losses import odd_one_out
 
@@ -120,10 +121,10 @@ def chunk_program(hp: Hparams, mesh: Mesh | None = None):
   """chunk(hp, ...) jitted; with a mesh the batch axis of rows is split over its devices, the rest replicated.
   Cached by (hp, mesh): a resumed or repeated run in one process reuses the compiled program."""
   if mesh is None:
-    return jax.jit(functools.partial(chunk, hp))
+    return cpu_kernels.jit(functools.partial(chunk, hp))
   axis = mesh.axis_names[0]
   rep = NamedSharding(mesh, P())
-  return jax.jit(functools.partial(chunk, hp, batch_sharding=NamedSharding(mesh, P(axis))),
+  return cpu_kernels.jit(functools.partial(chunk, hp, batch_sharding=NamedSharding(mesh, P(axis))),
                  out_shardings=(rep, rep))
 
 
@@ -132,7 +133,7 @@ def rows_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(None, mesh.axis_names[0]))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
+@functools.partial(cpu_kernels.jit, static_argnums=(0, 1))
 def evaluate(hp: Hparams, head: str, params: dict, feats, triplets, target) -> dict:
   """Held-out numbers of one head ('identity' = the frozen features): odd-one-out accuracy (against the odd column:
   the teacher's argmax for similarities, the given odd, column 2 vs 1 by the judge for 2AFC) and the loss. Every

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from visim_jax.core import cpu_kernels
 from visim_jax.models import adaptation, context
 from visim_jax.metrics.human import twoafc_score
 from visim_jax.core.ops import l2_normalize
@@ -100,7 +101,7 @@ def _key(hp: Hparams, s) -> jax.Array:
   return jax.random.fold_in(jax.random.PRNGKey(hp.seed), s)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
+@functools.partial(cpu_kernels.jit, static_argnums=(0, 1))
 def init_state(hp: Hparams, in_dim: int) -> State:
   """The S seeds' initial State (stacked); seed s starts from fold_in(fold_in(PRNGKey(seed), s), 0)."""
   if hp.model not in MODELS:
@@ -121,7 +122,7 @@ class EpochLog(NamedTuple):
   test_score: jax.Array
 
 
-@functools.partial(jax.jit, static_argnums=(0, 7))
+@functools.partial(cpu_kernels.jit, static_argnums=(0, 7))
 def train_chunk(hp: Hparams, x: jax.Array, train: Split, val: Split, test: Split, state: State, e0,
                 n: int) -> tuple[State, EpochLog]:
   """Epochs e0+1 .. e0+n of the S seeds (jitted; hp and n static: one compilation per chunk length)."""

@@ -54,6 +54,7 @@ import optax
 from jax.sharding import Mesh
 
 from visim_jax.backbones import base as backbone_base
+from visim_jax.core import cpu_kernels
 from visim_jax.core import ops
 from visim_jax.core import sharding as sharding_lib
 from visim_jax.core.errors import UserError
@@ -338,7 +339,7 @@ def step_program(hp: Hparams, tower_: Tower, mesh: Mesh | None = None):
   """step(hp, tower, ...) jitted: fn(state, frozen, batch) -> (state, metrics); with a mesh the batch is split over
   every device and the state keeps its fsdp shardings (place the inputs with `place`)."""
   hp.check()
-  return jax.jit(functools.partial(step, hp, tower_, mesh=mesh), donate_argnums=(0,))
+  return cpu_kernels.jit(functools.partial(step, hp, tower_, mesh=mesh), donate_argnums=(0,))
 
 
 def place(mesh: Mesh, state: State, frozen: dict, batch: Batch | None = None):

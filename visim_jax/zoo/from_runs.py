@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.core import ops
 from visim_jax.core.errors import UserError
 from visim_jax.zoo.interface import (FIELD, Similarity, backbone_from, backbone_identity, bad, cosine_distance, file_sha,
@@ -63,7 +64,7 @@ def adapter(spec, target, option, opts):
                      'describe images')
   backbone, layers = backbone_from(spec, meta['backbone'], meta.get('layers'), meta.get('weights_sha256'))
   adapter_file.check_backbone(ad, backbone, layers, f'{FIELD}: {spec!r}')
-  transform = jax.jit(functools.partial(adapter_file.adapt_arrays, ad.mean, ad.components, ad.scale, ad.w))
+  transform = cpu_kernels.jit(functools.partial(adapter_file.adapt_arrays, ad.mean, ad.components, ad.scale, ad.w))
   ident = {**backbone_identity(backbone, layers), 'adapter_sha256': file_sha(path)}
   return Similarity(spec, 'adapter', cosine_distance, None, pooled_featurizer(backbone, layers, opts, transform),
                     ident, backbone.preprocess, ('adapter', path, ident['adapter_sha256']), backbone=backbone,
@@ -191,7 +192,7 @@ def triplets_model(spec, target, option, opts):
     head_file.check_shapes(path, params, meta, sum(backbone.layer_dims(layers).values()))
   except UserError as e:
     raise bad(spec, str(e)) from None
-  transform = jax.jit(functools.partial(heads.apply, meta['head'], params))
+  transform = cpu_kernels.jit(functools.partial(heads.apply, meta['head'], params))
   ident = {**backbone_identity(backbone, layers), 'head_sha256': file_sha(path)}
   dist = _dot_distance if meta.get('similarity') == 'dot' else cosine_distance
   return Similarity(spec, 'triplets', dist, None, pooled_featurizer(backbone, layers, opts, transform), ident,

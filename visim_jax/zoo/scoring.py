@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.data.preprocess import Preprocess
 from visim_jax.zoo.interface import Similarity
 
@@ -82,7 +83,7 @@ def distance_matrix(sim: Similarity, feats0, feats1, row_block: int = 8) -> np.n
 
 
 def _jitted(distance):
-  return jax.jit(distance)
+  return cpu_kernels.jit(distance)
 
 
 @functools.lru_cache(maxsize=64)
@@ -93,4 +94,4 @@ def _jitted_rows(distance):
     n1 = _num_rows(b)
     return jax.vmap(lambda x: distance(params, jax.tree.map(lambda v: jnp.broadcast_to(v, (n1,) + v.shape), x),
                                        b))(a)
-  return jax.jit(rows)
+  return cpu_kernels.jit(rows)

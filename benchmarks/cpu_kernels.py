@@ -1,0 +1,103 @@
+r"""XLA's CPU kernels for float32 convolutions and dots: YNNPACK (jaxlib's default) vs Eigen (ours) vs PyTorch.
+
+  python benchmarks/cpu_kernels.py            # VGG16's 3x3 convolutions at 64 px (batch 32) and five SGEMM shapes
+  python benchmarks/cpu_kernels.py --small    # batch 8, fewer rounds (seconds)
+
+Why visim_jax/core/cpu_kernels.py compiles our programs with `xla_cpu_experimental_ynn_fusion_type=''`: the same
+jax.jit of one convolution (NHWC / HWIO) or one matmul, compiled twice in one process (XLA's default options, and
+ours), against torch.nn.functional.conv2d / torch.matmul on the same arrays (NCHW contiguous; torch's threads =
+the box's cores), interleaved (benchmarks/interleaved.py), median of the alternations. Outputs are checked equal
+(relative 1e-4). Prints one JSON object: GFLOP/s per shape and side, and ours / XLA default, ours / torch.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from interleaved import emit, interleaved, load_average  # noqa: E402
+from visim_jax.core import cpu_kernels  # noqa: E402
+
+# (H, Cin, Cout) of VGG16's 3x3 layers at 64 px: one per block, the first one's wide map included
+CONVS = ((64, 64, 64), (32, 128, 128), (16, 256, 256), (8, 512, 512), (4, 512, 512))
+GEMMS = ((2048, 2048, 2048), (8192, 4608, 512), (1536, 768, 1024), (64, 256, 20000), (1024, 512, 512))
+
+
+def _conv(x, w):
+  return jax.lax.conv_general_dilated(x, w, (1, 1), 'SAME', dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+
+
+def _case(kind: str, shape: tuple, batch: int, alternations: int) -> dict:
+  import torch  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  if kind == 'conv':
+    h, c, o = shape
+    a = rng.standard_normal((batch, h, h, c), np.float32)
+    b = rng.standard_normal((3, 3, c, o), np.float32) * 0.05
+    fn, flops = _conv, 2 * 9 * c * o * batch * h * h
+    ta, tb = torch.from_numpy(a.transpose(0, 3, 1, 2).copy()), torch.from_numpy(b.transpose(3, 2, 0, 1).copy())
+    ref_fn = lambda: torch.nn.functional.conv2d(ta, tb, padding=1)  # noqa: E731
+    to_ours = lambda t: t.permute(0, 2, 3, 1).numpy()  # noqa: E731
+  else:
+    m, k, n = shape
+    a, b = rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32)
+    fn, flops = jnp.matmul, 2 * m * k * n
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    ref_fn = lambda: torch.matmul(ta, tb)  # noqa: E731
+    to_ours = lambda t: t.numpy()  # noqa: E731
+  ja, jb = jnp.asarray(a), jnp.asarray(b)
+  ours = cpu_kernels.jit(fn)
+  xla = jax.jit(fn)
+  with torch.no_grad():
+    want = to_ours(ref_fn())
+  scale = float(np.abs(want).max())
+  for f in (ours, xla):
+    got = np.asarray(f(ja, jb))
+    if float(np.abs(got - want).max()) > 1e-4 * scale:
+      raise SystemExit(f'cpu_kernels: {kind} {shape}: outputs differ from torch')
+  reps = max(1, int(4e9 // flops))  # ~20-40 ms a timed call on 2 cores
+
+  def run(f):
+    def call():
+      for _ in range(reps):
+        out = f()
+      jax.block_until_ready(out) if not hasattr(out, 'numpy') else out
+    return call
+
+  with torch.no_grad():
+    times = interleaved({'ours': run(lambda: ours(ja, jb)), 'xla_default': run(lambda: xla(ja, jb)),
+                         'torch': run(ref_fn)}, alternations=alternations)
+  rate = {k: round(reps * flops / float(np.median(v)) / 1e9, 1) for k, v in times.items()}
+  return {'kind': kind, 'shape': list(shape), 'batch': batch if kind == 'conv' else None, 'gflops': rate,
+          'ours_vs_xla_default': round(rate['ours'] / rate['xla_default'], 3),
+          'ours_vs_torch': round(rate['ours'] / rate['torch'], 3)}
+
+
+def main(argv=None) -> dict:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument('--small', action='store_true', help='batch 8 and 3 alternations (seconds)')
+  ap.add_argument('--batch', type=int, default=32, help='images per convolution call')
+  ap.add_argument('--alternations', type=int, default=5)
+  ap.add_argument('--json', default='', help='also write the JSON here')
+  a = ap.parse_args(argv)
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(os.cpu_count() or 1)
+  batch, alts = (8, 3) if a.small else (a.batch, a.alternations)
+  cases = [_case('conv', s, batch, alts) for s in CONVS] + [_case('gemm', s, batch, alts) for s in GEMMS]
+  out = {'benchmark': 'cpu_kernels', 'options': cpu_kernels.options(), 'cases': cases,
+         'median_ours_vs_xla_default': float(np.median([c['ours_vs_xla_default'] for c in cases])),
+         'median_ours_vs_torch': float(np.median([c['ours_vs_torch'] for c in cases])),
+         'torch_threads': torch.get_num_threads(), 'load_average': load_average(), 'jax': jax.__version__,
+         'torch': torch.__version__, 'command': 'python benchmarks/cpu_kernels.py' + (' --small' if a.small else '')}
+  return emit(out, a.json or None)
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,104 @@
+"""Which XLA CPU kernels visim_jax's programs compile to: `jit` = jax.jit with XLA's Eigen dots and convolutions.
+
+jaxlib 0.10-0.12 hand float32 dots and convolutions on a CPU to YNNPACK fusions by default. On this project's
+2-core boxes those are slower than XLA's Eigen kernels (measured, `python benchmarks/cpu_kernels.py`, RESULTS.md
+"XLA's CPU kernels"): VGG16's 3x3 convolutions at 64 px run at 64-165 GFLOP/s under YNNPACK and 143-228 under
+Eigen, against 137-265 for PyTorch's oneDNN; SGEMM at 152-173 against 171-218. Every program the package
+jits therefore compiles with `xla_cpu_experimental_ynn_fusion_type=''` (no YNNPACK fusion), per program
+(jax.jit's `compiler_options`), so a user's own programs keep their XLA_FLAGS. Results agree to float32 rounding
+(a different summation order).
+
+  VISIM_JAX_CPU_KERNELS=eigen   (default) Eigen kernels for our programs on a CPU backend
+  VISIM_JAX_CPU_KERNELS=xla     XLA's default kernels (YNNPACK where it applies)
+
+The choice is made at a program's first call, not at import (nothing here initialises a backend at import, so
+jax.distributed.initialize and platform settings keep working), and only when the default backend is a CPU: on a
+GPU or TPU the options are not passed. A jaxlib that does not know the option (probed once, on a tiny program)
+gets no options. A function of ours called inside a caller's own jax.jit compiles with the caller's options:
+pass `compiler_options=cpu_kernels.options()` there to get the same kernels.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable
+
+ENV = 'VISIM_JAX_CPU_KERNELS'
+CHOICES = ('eigen', 'xla')
+EIGEN = {'xla_cpu_experimental_ynn_fusion_type': ''}
+
+
+def choice() -> str:
+  """'eigen' (default) or 'xla', from $VISIM_JAX_CPU_KERNELS; anything else is refused with one line."""
+  value = os.environ.get(ENV, 'eigen').strip().lower() or 'eigen'
+  if value not in CHOICES:
+    from visim_jax.core.errors import UserError  # pylint: disable=g-import-not-at-top
+    raise UserError(f'${ENV}: one of {CHOICES}, got {value!r}')
+  return value
+
+
+@functools.lru_cache(maxsize=None)
+def _supported(backend: str) -> bool:
+  """Whether this jaxlib's `backend` compiler accepts EIGEN (a tiny dot, compiled once per process)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  try:
+    x = jax.ShapeDtypeStruct((2, 2), jnp.float32)
+    jax.jit(jnp.dot, compiler_options=EIGEN, backend=backend).lower(x, x).compile()
+    return True
+  except Exception:  # pylint: disable=broad-except  # an unknown option: XLA's defaults, as before
+    return False
+
+
+def options() -> dict[str, Any]:
+  """The compiler options our programs compile with now: EIGEN on a CPU default backend, else none."""
+  if choice() != 'eigen':
+    return {}
+  import jax  # pylint: disable=g-import-not-at-top
+  backend = jax.default_backend()
+  if backend != 'cpu' or not _supported(backend):
+    return {}
+  return dict(EIGEN)
+
+
+class _Jit:
+  """jax.jit(fun, **kwargs, compiler_options=options()) built at the first call or attribute access; called
+  while another program is traced (inside a jit, vmap or grad of the caller), the same jit without options (JAX
+  refuses compiler options on a nested jit; the outer program's options apply there)."""
+
+  def __init__(self, fun: Callable, kwargs: dict):
+    self._fun, self._kwargs, self._jitted, self._nested = fun, dict(kwargs), None, None
+    functools.update_wrapper(self, fun)
+
+  def _get(self):
+    if self._jitted is None:
+      import jax  # pylint: disable=g-import-not-at-top
+      kwargs = dict(self._kwargs)
+      given = dict(kwargs.pop('compiler_options', None) or {})
+      opts = {**options(), **given}
+      self._nested = jax.jit(self._fun, **kwargs)
+      self._jitted = jax.jit(self._fun, **kwargs, compiler_options=opts) if opts else self._nested
+    return self._jitted
+
+  def __call__(self, *args, **kwargs):
+    jitted = self._jitted
+    if jitted is None:
+      jitted = self._get()
+    try:
+      return jitted(*args, **kwargs)
+    except ValueError as e:
+      if jitted is self._nested or 'compiler_options' not in str(e):
+        raise
+      return self._nested(*args, **kwargs)
+
+  def __getattr__(self, name: str):  # lower, trace, eval_shape, clear_cache ...
+    if name.startswith('__') or name in ('_fun', '_kwargs', '_jitted', '_nested'):
+      raise AttributeError(name)
+    return getattr(self._get(), name)
+
+
+def jit(fun: Callable | None = None, /, **kwargs):
+  """jax.jit with our CPU kernels (module docstring); same arguments, also as `jit(**kwargs)(fun)`."""
+  if fun is None:
+    return lambda f: _Jit(f, kwargs)
+  return _Jit(fun, kwargs)
