@@ -7,7 +7,9 @@ Why visim_jax/core/cpu_kernels.py compiles our programs with `xla_cpu_experiment
 jax.jit of one convolution (NHWC / HWIO) or one matmul, compiled twice in one process (XLA's default options, and
 ours), against torch.nn.functional.conv2d / torch.matmul on the same arrays (NCHW contiguous; torch's threads =
 the box's cores), interleaved (benchmarks/interleaved.py), median of the alternations. Outputs are checked equal
-(relative 1e-4). Prints one JSON object: GFLOP/s per shape and side, and ours / XLA default, ours / torch.
+(relative 1e-4). Prints one JSON object: GFLOP/s per shape and side, and ours / XLA default, ours / torch; its
+`rows` (run_all's table) give, per kind, the median over the shapes of ours / torch and ours / XLA's default, the
+spread being the smallest and largest shape's ratio: the box's conv and SGEMM rates measured in the same run.
 """
 from __future__ import annotations
 
@@ -91,11 +93,22 @@ def main(argv=None) -> dict:
   torch.set_num_threads(os.cpu_count() or 1)
   batch, alts = (8, 3) if a.small else (a.batch, a.alternations)
   cases = [_case('conv', s, batch, alts) for s in CONVS] + [_case('gemm', s, batch, alts) for s in GEMMS]
-  out = {'benchmark': 'cpu_kernels', 'options': cpu_kernels.options(), 'cases': cases,
+  cmd = 'python benchmarks/cpu_kernels.py' + (' --small' if a.small else '')
+  rows = []
+  for kind, what in (('conv', f'VGG16 3x3 convolutions at 64 px, batch {batch}, {len(CONVS)} shapes'),
+                     ('gemm', f'float32 matmul, {len(GEMMS)} shapes')):
+    cs = [c for c in cases if c['kind'] == kind]
+    span = lambda k: f"{min(c['gflops'][k] for c in cs):.0f}-{max(c['gflops'][k] for c in cs):.0f} GFLOP/s"  # noqa
+    for ref, name in (('torch', f'PyTorch {torch.__version__.split("+")[0]}'), ('xla_default', "XLA's default (YNNPACK)")):
+      r = [c['gflops']['ours'] / c['gflops'][ref] for c in cs]
+      rows.append({'capability': f"XLA CPU kernels: {what}", 'ours': f'ours (Eigen): {span("ours")}',
+                   'reference': f'{name}: {span(ref)}', 'ratio': float(np.median(r)),
+                   'spread': [float(min(r)), float(max(r))], 'load_average': load_average()})
+  out = {'benchmark': 'cpu_kernels', 'options': cpu_kernels.options(), 'cases': cases, 'rows': rows,
          'median_ours_vs_xla_default': float(np.median([c['ours_vs_xla_default'] for c in cases])),
          'median_ours_vs_torch': float(np.median([c['ours_vs_torch'] for c in cases])),
          'torch_threads': torch.get_num_threads(), 'load_average': load_average(), 'jax': jax.__version__,
-         'torch': torch.__version__, 'command': 'python benchmarks/cpu_kernels.py' + (' --small' if a.small else '')}
+         'torch': torch.__version__, 'command': cmd}
   return emit(out, a.json or None)
 
 

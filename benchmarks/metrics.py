@@ -34,6 +34,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from visim_jax.core import cpu_kernels  # noqa: E402
+
 TOLERANCE = {'psnr': 1e-3, 'ssim': 1e-4, 'ms_ssim': 1e-4, 'dists': 1e-5}
 
 
@@ -100,17 +102,17 @@ def sides(metric: str, tdev: str, torch):
     from visim_jax.models import dists as D  # pylint: disable=g-import-not-at-top
     model = D.load_dists()
     ref = dists_reference(model, torch).to(tdev)
-    fn = jax.jit(D.dists)
+    fn = cpu_kernels.jit(D.dists)
     return (lambda u0, u1: np.asarray(fn(model, u0, u1))), (lambda t0, t1: ref(t0, t1).reshape(-1))
   if metric == 'psnr':
     ref_psnr = piq_psnr()
-    fn = jax.jit(lambda u0, u1: C.psnr(u0.astype(jnp.float32) / 255.0, u1.astype(jnp.float32) / 255.0))
+    fn = cpu_kernels.jit(lambda u0, u1: C.psnr(u0.astype(jnp.float32) / 255.0, u1.astype(jnp.float32) / 255.0))
     return (lambda u0, u1: np.asarray(fn(u0, u1))), (lambda t0, t1: ref_psnr(t0, t1, data_range=1.0,
                                                                                reduction='none'))
   import pytorch_msssim  # pylint: disable=g-import-not-at-top
   ours_fn = {'ssim': C.ssim, 'ms_ssim': C.ms_ssim}[metric]
   ref_fn = {'ssim': pytorch_msssim.ssim, 'ms_ssim': pytorch_msssim.ms_ssim}[metric]
-  fn = jax.jit(lambda u0, u1: ours_fn(u0.astype(jnp.float32) / 255.0, u1.astype(jnp.float32) / 255.0))
+  fn = cpu_kernels.jit(lambda u0, u1: ours_fn(u0.astype(jnp.float32) / 255.0, u1.astype(jnp.float32) / 255.0))
   return (lambda u0, u1: np.asarray(fn(u0, u1))), (lambda t0, t1: ref_fn(t0, t1, data_range=1.0,
                                                                          size_average=False))
 

@@ -43,7 +43,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCRIPTS = ('extract', 'adapt', 'histograms', 'simnet', 'twoafc', 'extract_clip', 'search', 'leaderboard', 'lpips',
-           'learn_triplets', 'metrics')
+           'learn_triplets', 'metrics', 'cpu_kernels')
 BEGIN, END = '<!-- run_all:begin -->', '<!-- run_all:end -->'
 MAX_LOAD = 2.0   # a CPU run's 1-minute load average above this is a contended box: RESULTS.md is not written
 # the arguments of each script on a CPU: 'full' (the RESULTS.md sizes) and 'small' (minutes in all)
@@ -60,6 +60,7 @@ PRESETS = {
         'lpips': [],
         'learn_triplets': ['--mode=compare'],
         'metrics': ['--size=128', '--pairs=64'],
+        'cpu_kernels': [],
     },
     'small': {
         'adapt': ['--preset=small'],
@@ -74,6 +75,7 @@ PRESETS = {
         'learn_triplets': ['--mode=compare', '--images=2000', '--dim=128', '--emb=128', '--batch=128',
                            '--steps=20', '--triplets=20000'],
         'metrics': ['--size=64', '--pairs=16', '--batch=8', '--alternations=3'],
+        'cpu_kernels': ['--small'],
     },
 }
 

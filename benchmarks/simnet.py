@@ -43,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import interleaved  # noqa: E402
 import precision  # noqa: E402
+from visim_jax.core import cpu_kernels  # noqa: E402
 from visim_jax.models import simnet  # noqa: E402
 
 PRESETS = {
@@ -156,7 +157,7 @@ def rmac_benchmark(preset, args):
   fn = rmac.make_regions_fn(b, 'conv5_3', 3)
   white = rmac.learn_whitening(jnp.asarray(rng.rand(2048, 512).astype(np.float32)))
   variables = jax.device_put(b.variables)
-  aggregate = jax.jit(rmac.aggregate)
+  aggregate = cpu_kernels.jit(rmac.aggregate)
 
   def ours():  # host numpy images in, device descriptors out (numpy conversion outside the timing)
     return jnp.concatenate([aggregate(fn(variables, images[i:i + cfg['batch']]), white)

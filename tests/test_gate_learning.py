@@ -193,7 +193,7 @@ def test_nights_adapt_estimate_covers_the_compiled_program():
     n, d = 50, 256
     in_dim = 64 if model == 'adapter' else d
     split = lambda k: hh.Split(*(jnp.zeros(k, jnp.int32) for _ in range(3)), jnp.zeros(k))
-    state = jax.eval_shape(hh.init_state, hp, in_dim)
+    state = hh.init_state.eval_shape(hp, in_dim)
     ma = hh.train_chunk.lower(hp, jnp.zeros((n, in_dim)), split(24), split(8), split(8), state, 0, 2).compile(
     ).memory_analysis()
     state_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves(state))

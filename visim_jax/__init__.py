@@ -8,11 +8,15 @@ experiments/ (config -> typed options -> wiring) <- the faces: api.py (`load`), 
 See README "Layout".
 """
 
-__all__ = ['load', 'Model']
+__all__ = ['load', 'Model', 'jit']
 
 
 def __getattr__(name):
-  """`visim_jax.load` / `visim_jax.Model` (api.py), imported on first use: `import visim_jax` stays cheap."""
+  """`visim_jax.load` / `visim_jax.Model` (api.py) and `visim_jax.jit` (core/cpu_kernels.py: jax.jit with the CPU
+  kernels the package's own programs use), imported on first use: `import visim_jax` stays cheap."""
+  if name == 'jit':
+    from visim_jax.core import cpu_kernels  # pylint: disable=g-import-not-at-top
+    return cpu_kernels.jit
   if name in __all__:
     from visim_jax import api  # pylint: disable=g-import-not-at-top
     return getattr(api, name)

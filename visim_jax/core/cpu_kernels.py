@@ -4,9 +4,11 @@ jaxlib 0.10-0.12 hand float32 dots and convolutions on a CPU to YNNPACK fusions 
 2-core boxes those are slower than XLA's Eigen kernels (measured, `python benchmarks/cpu_kernels.py`, RESULTS.md
 "XLA's CPU kernels"): VGG16's 3x3 convolutions at 64 px run at 64-165 GFLOP/s under YNNPACK and 143-228 under
 Eigen, against 137-265 for PyTorch's oneDNN; SGEMM at 152-173 against 171-218. Every program the package
-jits therefore compiles with `xla_cpu_experimental_ynn_fusion_type=''` (no YNNPACK fusion), per program
-(jax.jit's `compiler_options`), so a user's own programs keep their XLA_FLAGS. Results agree to float32 rounding
-(a different summation order).
+jits therefore compiles with `xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_REDUCE`: YNNPACK keeps
+the reductions (as by default: XLA's own float32 reduction loops are less accurate, e.g. DISTS' feature means moved
+by 2e-4 without it), dots and convolutions go to Eigen; per program (jax.jit's `compiler_options`), so a user's
+own programs keep their XLA_FLAGS. Dots and convolutions agree with YNNPACK's to float32 rounding (a different
+summation order; against a float64 reference Eigen's convolutions are as close or closer).
 
   VISIM_JAX_CPU_KERNELS=eigen   (default) Eigen kernels for our programs on a CPU backend
   VISIM_JAX_CPU_KERNELS=xla     XLA's default kernels (YNNPACK where it applies)
@@ -15,7 +17,8 @@ The choice is made at a program's first call, not at import (nothing here initia
 jax.distributed.initialize and platform settings keep working), and only when the default backend is a CPU: on a
 GPU or TPU the options are not passed. A jaxlib that does not know the option (probed once, on a tiny program)
 gets no options. A function of ours called inside a caller's own jax.jit compiles with the caller's options:
-pass `compiler_options=cpu_kernels.options()` there to get the same kernels.
+jit the caller with `visim_jax.jit` (this `jit`) to get the same kernels. `jit` returns a wrapper, not JAX's own
+jitted type: `jax.eval_shape(f, ...)` of one with static arguments needs `f.eval_shape(...)` instead.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from typing import Any, Callable
 
 ENV = 'VISIM_JAX_CPU_KERNELS'
 CHOICES = ('eigen', 'xla')
-EIGEN = {'xla_cpu_experimental_ynn_fusion_type': ''}
+EIGEN = {'xla_cpu_experimental_ynn_fusion_type': 'LIBRARY_FUSION_TYPE_REDUCE'}
 
 
 def choice() -> str:

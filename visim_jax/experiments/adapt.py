@@ -95,7 +95,7 @@ def train_all(hp: adaptation_runs.Hparams, feats: adaptation_runs.Features, run:
     host['val_ranks'] = np.zeros(shape(sp.val), np.int32)
   tree, start = None, 0
   if run is not None and run.ckpt_dir:
-    shapes = {'state': jax.eval_shape(init, hp_x), 'pca': dict(jax.eval_shape(fit, hp_x, feats_j, sp.train)._asdict())}
+    shapes = {'state': init.eval_shape(hp_x), 'pca': dict(fit.eval_shape(hp_x, feats_j, sp.train)._asdict())}
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=per_run), shapes)
     tree, start = run.restore({**abstract, **host})
     tree = {**tree, **{k: np.array(tree[k]) for k in host}} if start else None

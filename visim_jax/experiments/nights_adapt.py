@@ -155,7 +155,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   with runtime.Run(workdir, recorded, fp, config.checkpoint, progress, desc='train (epochs)') as rt:
     t1 = time.time()
     init = human_heads.init_state
-    template = {'state': jax.eval_shape(init, hp, x.shape[1]), **host()}
+    template = {'state': init.eval_shape(hp, x.shape[1]), **host()}
     tree, start = rt.restore(template) if config.checkpoint else (template, 0)
     tree = {**tree, **{k: np.array(tree[k]) for k in human_heads.EpochLog._fields}} if start else \
         {'state': init(hp, x.shape[1]), **host()}
