@@ -1,12 +1,13 @@
-r"""XLA's CPU kernels for float32 convolutions and dots: YNNPACK (jaxlib's default) vs Eigen (ours) vs PyTorch.
+r"""XLA's CPU convolutions, YNNPACK (jaxlib's default) vs Eigen (ours) vs PyTorch; and the box's SGEMM rate.
 
   python benchmarks/cpu_kernels.py            # VGG16's 3x3 convolutions at 64 px (batch 32) and five SGEMM shapes
   python benchmarks/cpu_kernels.py --small    # batch 8, fewer rounds (seconds)
 
-Why visim_jax/core/cpu_kernels.py compiles our programs with `xla_cpu_experimental_ynn_fusion_type=''`: the same
-jax.jit of one convolution (NHWC / HWIO) or one matmul, compiled twice in one process (XLA's default options, and
-ours), against torch.nn.functional.conv2d / torch.matmul on the same arrays (NCHW contiguous; torch's threads =
-the box's cores), interleaved (benchmarks/interleaved.py), median of the alternations. Outputs are checked equal
+Why visim_jax/core/cpu_kernels.py compiles our programs with Eigen convolutions: the same jax.jit of one
+convolution (NHWC / HWIO), compiled twice in one process (XLA's default options, and ours), against
+torch.nn.functional.conv2d on the same arrays (NCHW contiguous; torch's threads = the box's cores), interleaved
+(benchmarks/interleaved.py), median of the alternations; and one matmul (ours = XLA's default program: dots keep
+YNNPACK) against torch.matmul, the SGEMM rate other rows' rooflines refer to. Outputs are checked equal
 (relative 1e-4). Prints one JSON object: GFLOP/s per shape and side, and ours / XLA default, ours / torch; its
 `rows` (run_all's table) give, per kind, the median over the shapes of ours / torch and ours / XLA's default, the
 spread being the smallest and largest shape's ratio: the box's conv and SGEMM rates measured in the same run.
@@ -56,7 +57,7 @@ def _case(kind: str, shape: tuple, batch: int, alternations: int) -> dict:
     to_ours = lambda t: t.numpy()  # noqa: E731
   ja, jb = jnp.asarray(a), jnp.asarray(b)
   ours = cpu_kernels.jit(fn)
-  xla = jax.jit(fn)
+  xla = jax.jit(fn) if kind == 'conv' else ours      # dots compile as XLA's default
   with torch.no_grad():
     want = to_ours(ref_fn())
   scale = float(np.abs(want).max())
@@ -73,13 +74,17 @@ def _case(kind: str, shape: tuple, batch: int, alternations: int) -> dict:
       jax.block_until_ready(out) if not hasattr(out, 'numpy') else out
     return call
 
+  sides = {'ours': run(lambda: ours(ja, jb)), 'torch': run(ref_fn)}
+  if kind == 'conv':
+    sides['xla_default'] = run(lambda: xla(ja, jb))
   with torch.no_grad():
-    times = interleaved({'ours': run(lambda: ours(ja, jb)), 'xla_default': run(lambda: xla(ja, jb)),
-                         'torch': run(ref_fn)}, alternations=alternations)
+    times = interleaved(sides, alternations=alternations)
   rate = {k: round(reps * flops / float(np.median(v)) / 1e9, 1) for k, v in times.items()}
-  return {'kind': kind, 'shape': list(shape), 'batch': batch if kind == 'conv' else None, 'gflops': rate,
-          'ours_vs_xla_default': round(rate['ours'] / rate['xla_default'], 3),
-          'ours_vs_torch': round(rate['ours'] / rate['torch'], 3)}
+  out = {'kind': kind, 'shape': list(shape), 'batch': batch if kind == 'conv' else None, 'gflops': rate,
+         'ours_vs_torch': round(rate['ours'] / rate['torch'], 3)}
+  if kind == 'conv':
+    out['ours_vs_xla_default'] = round(rate['ours'] / rate['xla_default'], 3)
+  return out
 
 
 def main(argv=None) -> dict:
@@ -95,17 +100,22 @@ def main(argv=None) -> dict:
   cases = [_case('conv', s, batch, alts) for s in CONVS] + [_case('gemm', s, batch, alts) for s in GEMMS]
   cmd = 'python benchmarks/cpu_kernels.py' + (' --small' if a.small else '')
   rows = []
-  for kind, what in (('conv', f'VGG16 3x3 convolutions at 64 px, batch {batch}, {len(CONVS)} shapes'),
-                     ('gemm', f'float32 matmul, {len(GEMMS)} shapes')):
+  torch_name = f'PyTorch {torch.__version__.split("+")[0]}'
+  for kind, what, ours_name, refs in (
+      ('conv', f'VGG16 3x3 convolutions at 64 px, batch {batch}, {len(CONVS)} shapes', 'ours (Eigen)',
+       (('torch', f'{torch_name} conv2d'), ('xla_default', "XLA's default (YNNPACK)"))),
+      ('gemm', f'float32 matmul (the SGEMM roofline), {len(GEMMS)} shapes', "ours (XLA's default dot)",
+       (('torch', f'{torch_name} matmul'),))):
     cs = [c for c in cases if c['kind'] == kind]
     span = lambda k: f"{min(c['gflops'][k] for c in cs):.0f}-{max(c['gflops'][k] for c in cs):.0f} GFLOP/s"  # noqa
-    for ref, name in (('torch', f'PyTorch {torch.__version__.split("+")[0]}'), ('xla_default', "XLA's default (YNNPACK)")):
+    for ref, name in refs:
       r = [c['gflops']['ours'] / c['gflops'][ref] for c in cs]
-      rows.append({'capability': f"XLA CPU kernels: {what}", 'ours': f'ours (Eigen): {span("ours")}',
+      rows.append({'capability': f"XLA CPU kernels: {what}", 'ours': f'{ours_name}: {span("ours")}',
                    'reference': f'{name}: {span(ref)}', 'ratio': float(np.median(r)),
                    'spread': [float(min(r)), float(max(r))], 'load_average': load_average()})
   out = {'benchmark': 'cpu_kernels', 'options': cpu_kernels.options(), 'cases': cases, 'rows': rows,
-         'median_ours_vs_xla_default': float(np.median([c['ours_vs_xla_default'] for c in cases])),
+         'median_ours_vs_xla_default': float(np.median([c['ours_vs_xla_default'] for c in cases
+                                                        if c['kind'] == 'conv'])),
          'median_ours_vs_torch': float(np.median([c['ours_vs_torch'] for c in cases])),
          'torch_threads': torch.get_num_threads(), 'load_average': load_average(), 'jax': jax.__version__,
          'torch': torch.__version__, 'command': cmd}

@@ -1,17 +1,18 @@
-"""Which XLA CPU kernels visim_jax's programs compile to: `jit` = jax.jit with XLA's Eigen dots and convolutions.
+"""Which XLA CPU kernels visim_jax's programs compile to: `jit` = jax.jit with XLA's Eigen convolutions.
 
-jaxlib 0.10-0.12 hand float32 dots and convolutions on a CPU to YNNPACK fusions by default. On this project's
-2-core boxes those are slower than XLA's Eigen kernels (measured, `python benchmarks/cpu_kernels.py`, RESULTS.md
-"XLA's CPU kernels"): VGG16's 3x3 convolutions at 64 px run at 64-165 GFLOP/s under YNNPACK and 143-228 under
-Eigen, against 137-265 for PyTorch's oneDNN; SGEMM at 152-173 against 171-218. Every program the package
-jits therefore compiles with `xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_REDUCE`: YNNPACK keeps
-the reductions (as by default: XLA's own float32 reduction loops are less accurate, e.g. DISTS' feature means moved
-by 2e-4 without it), dots and convolutions go to Eigen; per program (jax.jit's `compiler_options`), so a user's
-own programs keep their XLA_FLAGS. Dots and convolutions agree with YNNPACK's to float32 rounding (a different
-summation order; against a float64 reference Eigen's convolutions are as close or closer).
+jaxlib 0.10-0.12 hand float32 convolutions, dots and reductions on a CPU to YNNPACK (its default
+`xla_cpu_experimental_ynn_fusion_type` = INDIVIDUAL_DOT, INDIVIDUAL_CONVOLUTION, REDUCE). On this project's 2-core
+boxes YNNPACK's convolutions are the slow part: VGG16's 3x3 convolutions at 64 px run 1.2-1.9x faster with XLA's
+Eigen kernels, at PyTorch's oneDNN rate (measured, `python benchmarks/cpu_kernels.py`, RESULTS.md "XLA's CPU
+kernels"), while its dots are as fast as Eigen's or faster (the look-alike search's 64-query products ran 1.2-1.8x
+slower under Eigen) and XLA's own float32 reduction loops are less accurate than its (DISTS' feature means moved by
+2e-4). Every program the package jits therefore compiles with the default minus INDIVIDUAL_CONVOLUTION, per
+program (jax.jit's `compiler_options`), so a user's own programs keep their XLA_FLAGS: a program without
+convolutions compiles exactly as before; convolutions agree with YNNPACK's to float32 rounding (a different
+summation order; against a float64 reference Eigen's are as close or closer).
 
-  VISIM_JAX_CPU_KERNELS=eigen   (default) Eigen kernels for our programs on a CPU backend
-  VISIM_JAX_CPU_KERNELS=xla     XLA's default kernels (YNNPACK where it applies)
+  VISIM_JAX_CPU_KERNELS=eigen   (default) Eigen convolutions for our programs on a CPU backend
+  VISIM_JAX_CPU_KERNELS=xla     XLA's default kernels
 
 The choice is made at a program's first call, not at import (nothing here initialises a backend at import, so
 jax.distributed.initialize and platform settings keep working), and only when the default backend is a CPU: on a
@@ -28,7 +29,8 @@ from typing import Any, Callable
 
 ENV = 'VISIM_JAX_CPU_KERNELS'
 CHOICES = ('eigen', 'xla')
-EIGEN = {'xla_cpu_experimental_ynn_fusion_type': 'LIBRARY_FUSION_TYPE_REDUCE'}
+# jaxlib's default set without INDIVIDUAL_CONVOLUTION (a comma-separated list of the enum's names)
+EIGEN = {'xla_cpu_experimental_ynn_fusion_type': 'LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE'}
 
 
 def choice() -> str:
