@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from visim_jax.backbones import resnet
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
+from visim_jax.core import pooling
 from visim_jax.core.errors import UserError
 
 # (out channels, kernel, stride, pad, max pool after) of the five convs; torchvision's `features` indices 0,3,6,8,10
@@ -50,7 +51,7 @@ class AlexNet(nn.Module):
       x = nn.relu(nn.Conv(c, (k, k), (s, s), padding=((p, p), (p, p)), dtype=self.dtype, name=f'conv{i + 1}')(x))
       stages[f'conv{i + 1}'] = x
       if pool:
-        x = nn.max_pool(x, (3, 3), (2, 2), padding='VALID')
+        x = pooling.max_pool(x, (3, 3), (2, 2))
     stages['features'] = x
     return x.mean(axis=(1, 2)), stages
 

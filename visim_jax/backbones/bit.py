@@ -41,6 +41,7 @@ import numpy as np
 from visim_jax.backbones import resnet
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone, block_class
+from visim_jax.core import pooling
 from visim_jax.core.errors import UserError
 from visim_jax.data.preprocess import Preprocess
 
@@ -137,7 +138,7 @@ class ResNetV2(nn.Module):
     stages = {}
     x = StdConv(a.base * a.width, 7, 2, self.ws, d, name='stem_conv')(x)
     x = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))  # ConstantPad2d(1, 0.) then a valid 3x3/2 max pool
-    x = nn.max_pool(x, (3, 3), (2, 2), padding='VALID')
+    x = pooling.max_pool(x, (3, 3), (2, 2))
     stages['stem'] = x
     for i, blocks in enumerate(a.layers):
       for j in range(blocks):

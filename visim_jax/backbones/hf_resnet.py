@@ -28,6 +28,7 @@ import re
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from visim_jax.core import pooling
 
 BN_EPS = 1e-5
 
@@ -151,7 +152,7 @@ class Embeddings(nn.Module):
     c = self.arch
     x = ConvLayer(c.embedding_size, 7 if c.kind == 'resnet' else 3, 2, dtype=self.dtype, name='embedder')(x)
     if c.kind == 'resnet':
-      x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
+      x = pooling.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)))
     return x
 
 

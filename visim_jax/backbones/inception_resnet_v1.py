@@ -45,6 +45,7 @@ from visim_jax.core import ops
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
 from visim_jax.backbones.resnet import preprocess as seed_transform  # the seed's default transform, one copy
+from visim_jax.core import pooling
 from visim_jax.core.errors import UserError
 from visim_jax.data.preprocess import Preprocess
 
@@ -84,7 +85,7 @@ class BasicConv(nn.Module):
 
 
 def _max_pool(x):
-  return nn.max_pool(x, (3, 3), strides=(2, 2), padding='VALID')
+  return pooling.max_pool(x, (3, 3), (2, 2))
 
 
 class Block35(nn.Module):

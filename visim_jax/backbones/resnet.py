@@ -33,6 +33,7 @@ import jax.numpy as jnp
 
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone, block_class
+from visim_jax.core import pooling
 from visim_jax.core.errors import UserError
 from visim_jax.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
@@ -138,7 +139,7 @@ class ResNet(nn.Module):
     x = x.astype(d)
     stages = {}
     x = nn.relu(_bn('bn1', d)(_conv(a.base, 7, 2, 'conv1', dtype=d)(x)))
-    x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
+    x = pooling.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)))
     stages['stem'] = x
     for i, blocks in enumerate(a.layers):
       for j in range(blocks):

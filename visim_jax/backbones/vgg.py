@@ -32,6 +32,7 @@ import numpy as np
 from visim_jax.backbones import packaged
 from visim_jax.backbones import weights as weights_lib
 from visim_jax.backbones.base import Backbone
+from visim_jax.core import pooling
 from visim_jax.core.errors import UserError
 from visim_jax.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
@@ -69,7 +70,7 @@ class VGG(nn.Module):
         x = nn.Conv(width, (3, 3), padding=((1, 1), (1, 1)), dtype=self.dtype, name=f'features_{next(idx)}')(x)
         x = nn.relu(x)
       stages[f'conv{b + 1}_{len(block)}'] = x
-      x = nn.max_pool(x, (2, 2), strides=(2, 2), padding='VALID')
+      x = pooling.max_pool(x, (2, 2), (2, 2))
     stages['pool5'] = x
     return x, stages
 
