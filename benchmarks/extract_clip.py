@@ -123,6 +123,16 @@ def main(_):
       result['rows'].append(interleaved.row(f'extraction, CLIP {_MODEL.value} pooled, batch {b}, {dt} both sides'
                                             f'{" (" + prec["name"] + ")" if dt == "float32" else ""}, '
                                             'uint8 in', stats, 'ours (jitted Flax)', 'HF PyTorch', 'images'))
+      if dt == 'float32' and not cuda:   # the roofline: XLA's FLOP count of our program, the box's SGEMM rate
+        cost = fn.lower(variables, dev_x).compile().cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        flops = float((cost or {}).get('flops', 0.0)) * _BATCHES.value
+        if flops > 0:
+          sg = interleaved.sgemm_gflops(b * 50, 768, 3072)   # a ViT-B MLP product at this batch
+          pct = {k: interleaved.roofline_percent(flops, stats[f'{k}_s'], sg['best']) for k in ('ours', 'reference')}
+          result['by_dtype'][dt].update(sgemm_gflops=sg, roofline_percent=pct, flops_per_call=flops)
+          result['rows'][-1]['ours'] += f" ({pct['ours']:.0f}% of the box's SGEMM rate, {sg['best']:.0f} GFLOP/s)"
+          result['rows'][-1]['reference'] += f" ({pct['reference']:.0f}%)"
     result['reference'] = (f'transformers {transformers.__version__} CLIPVisionModel on PyTorch {torch.__version__} '
                            f'({tdev}, attn {ref.config._attn_implementation}, inference_mode), same dtype as ours')
 

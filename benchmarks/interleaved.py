@@ -68,6 +68,39 @@ def compare(ours: list[float], ref: list[float], work: float | None = None, unit
   return out
 
 
+def sgemm_gflops(m: int, k: int, n: int, alternations: int = 3) -> dict:
+  """This box's float32 matmul rate now for an (m, k) x (k, n) product, GFLOP/s: {'xla': our programs' dot (jitted
+  jnp.matmul), 'numpy': NumPy's BLAS, 'torch': PyTorch's (when installed), 'best': the largest}; interleaved,
+  each call repeated to ~20 ms of work. The roofline of a row whose both sides are matrix products."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from visim_jax.core import cpu_kernels  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+  flops = 2.0 * m * k * n
+  reps = max(1, int(4e9 // flops))
+  ja, jb = jnp.asarray(a), jnp.asarray(b)
+  mm = cpu_kernels.jit(jnp.matmul)
+  sides = {'xla': lambda: [jax.block_until_ready(mm(ja, jb)) for _ in range(reps)],
+           'numpy': lambda: [a @ b for _ in range(reps)]}
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    sides['torch'] = lambda: [ta @ tb for _ in range(reps)]
+  except ImportError:
+    pass
+  times = interleaved(sides, alternations)
+  out = {k_: reps * flops / float(np.median(v)) / 1e9 for k_, v in times.items()}
+  out['best'] = max(out.values())
+  out['shape'] = [m, k, n]
+  return out
+
+
+def roofline_percent(flops: float, seconds: float, gflops: float) -> float:
+  """The share (%) of a rate of `gflops` GFLOP/s that `flops` done in `seconds` reach."""
+  return 100.0 * flops / seconds / 1e9 / gflops
+
+
 def row(capability: str, stats: dict, ours: str, reference: str, unit: str | None = None) -> dict:
   """One line of run_all's table from `compare`'s stats: each side named with its rate (or median seconds)."""
   def side(name, key):

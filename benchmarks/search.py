@@ -98,6 +98,15 @@ def main(_):
   capability = f'look-alike search, {nq} queries x {n:,} x {dim}, top-{k}'
   result['rows'] = [interleaved.row(capability, stats, 'ours (blocked scan)', 'NumPy matmul + argpartition',
                                     'queries')]
+  # the roofline: both sides are one (queries x dim) x (dim x n) product plus a top-k
+  flops = 2.0 * nq * n * dim
+  sg = interleaved.sgemm_gflops(min(nq, _QBLOCK.value), dim, min(n, 20000))
+  result['sgemm_gflops'] = sg
+  result['roofline_percent'] = {'ours': interleaved.roofline_percent(flops, stats['ours_s'], sg['best']),
+                                'reference': interleaved.roofline_percent(flops, stats['reference_s'], sg['best'])}
+  r = result['roofline_percent']
+  result['rows'][0]['ours'] += f" ({r['ours']:.0f}% of the box's SGEMM rate, {sg['best']:.0f} GFLOP/s)"
+  result['rows'][0]['reference'] += f" ({r['reference']:.0f}%)"
   try:
     import faiss  # pylint: disable=g-import-not-at-top
   except ImportError:

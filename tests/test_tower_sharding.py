@@ -89,7 +89,9 @@ def _compare(out, fsdps):
       got = np.load(os.path.join(out, f'{mode}_{fsdp}.npz'))
       assert sorted(got.files) == sorted(want)
       for k, v in want.items():
-        np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-7, err_msg=f'{mode} fsdp={fsdp} {k}')
+        # rtol 5e-5: 4 full steps amplify the order of the sums that differs between 1 and 8 devices (XLA's Eigen
+        # convolutions on a CPU, core/cpu_kernels: 2.3e-5 on one cls_token entry; a wrong gradient is O(1) off)
+        np.testing.assert_allclose(got[k], v, rtol=5e-5, atol=1e-7, err_msg=f'{mode} fsdp={fsdp} {k}')
 
 
 def test_eight_devices_equal_one(tmp_path):
