@@ -11,8 +11,9 @@ program (jax.jit's `compiler_options`), so a user's own programs keep their XLA_
 convolutions compiles exactly as before; convolutions agree with YNNPACK's to float32 rounding (a different
 summation order; against a float64 reference Eigen's are as close or closer).
 
-  VISIM_JAX_CPU_KERNELS=eigen   (default) Eigen convolutions for our programs on a CPU backend
-  VISIM_JAX_CPU_KERNELS=xla     XLA's default kernels
+  VISIM_JAX_CPU_KERNELS=eigen        (default) Eigen convolutions for our programs on a CPU backend
+  VISIM_JAX_CPU_KERNELS=eigen_dots   Eigen dots too (measured per row in RESULTS.md "XLA's CPU kernels")
+  VISIM_JAX_CPU_KERNELS=xla          XLA's default kernels
 
 The choice is made at a program's first call, not at import (nothing here initialises a backend at import, so
 jax.distributed.initialize and platform settings keep working), and only when the default backend is a CPU: on a
@@ -28,9 +29,11 @@ import os
 from typing import Any, Callable
 
 ENV = 'VISIM_JAX_CPU_KERNELS'
-CHOICES = ('eigen', 'xla')
+CHOICES = ('eigen', 'eigen_dots', 'xla')
+_YNN = 'xla_cpu_experimental_ynn_fusion_type'
 # jaxlib's default set without INDIVIDUAL_CONVOLUTION (a comma-separated list of the enum's names)
-EIGEN = {'xla_cpu_experimental_ynn_fusion_type': 'LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE'}
+EIGEN = {_YNN: 'LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE'}
+EIGEN_DOTS = {_YNN: 'LIBRARY_FUSION_TYPE_REDUCE'}   # dots to Eigen as well
 
 
 def choice() -> str:
@@ -56,14 +59,14 @@ def _supported(backend: str) -> bool:
 
 
 def options() -> dict[str, Any]:
-  """The compiler options our programs compile with now: EIGEN on a CPU default backend, else none."""
-  if choice() != 'eigen':
+  """The compiler options our programs compile with now: EIGEN (EIGEN_DOTS) on a CPU default backend, else none."""
+  if choice() == 'xla':
     return {}
   import jax  # pylint: disable=g-import-not-at-top
   backend = jax.default_backend()
   if backend != 'cpu' or not _supported(backend):
     return {}
-  return dict(EIGEN)
+  return dict(EIGEN_DOTS if choice() == 'eigen_dots' else EIGEN)
 
 
 class _Jit:
