@@ -1,18 +1,19 @@
-"""Which XLA CPU kernels visim_jax's programs compile to: `jit` = jax.jit with XLA's Eigen convolutions.
+"""Which XLA CPU kernels visim_jax's programs compile to: `jit` = jax.jit, convolutions and reductions by XLA itself.
 
 jaxlib 0.10-0.12 hand float32 convolutions, dots and reductions on a CPU to YNNPACK (its default
-`xla_cpu_experimental_ynn_fusion_type` = INDIVIDUAL_DOT, INDIVIDUAL_CONVOLUTION, REDUCE). On this project's 2-core
-boxes YNNPACK's convolutions are the slow part: VGG16's 3x3 convolutions at 64 px run 1.2-1.9x faster with XLA's
-Eigen kernels, at PyTorch's oneDNN rate (measured, `python benchmarks/cpu_kernels.py`, RESULTS.md "XLA's CPU
-kernels"), while its dots are as fast as Eigen's or faster (the look-alike search's 64-query products ran 1.2-1.8x
-slower under Eigen) and XLA's own float32 reduction loops are less accurate than its (DISTS' feature means moved by
-2e-4). Every program the package jits therefore compiles with the default minus INDIVIDUAL_CONVOLUTION, per
-program (jax.jit's `compiler_options`), so a user's own programs keep their XLA_FLAGS: a program without
-convolutions compiles exactly as before; convolutions agree with YNNPACK's to float32 rounding (a different
-summation order; against a float64 reference Eigen's are as close or closer).
+`xla_cpu_experimental_ynn_fusion_type` = INDIVIDUAL_DOT, INDIVIDUAL_CONVOLUTION, REDUCE). Measured on this project's
+2-core boxes (`python benchmarks/cpu_kernels.py`, `benchmarks/metrics.py`; RESULTS.md "XLA's CPU kernels"):
+YNNPACK's convolutions are 1.2-2.3x slower than XLA's Eigen ones (VGG16's 3x3 layers at 64 px; Eigen runs at
+PyTorch's oneDNN rate), and each of its reduction fusions costs ~0.35 ms of set-up (PSNR of 8 pairs of 64 px: 420 us
+a call under it, 72 us under XLA's own loops; SSIM and MS-SSIM 4x faster without it), while its dots are as fast as
+Eigen's or faster (the look-alike search's 64-query products ran 1.2-1.8x slower under Eigen). Every program the
+package jits therefore compiles with YNNPACK for dots only, per program (jax.jit's `compiler_options`), so a user's
+own programs keep their XLA_FLAGS. Convolutions and reductions agree with YNNPACK's to float32 rounding (a
+different summation order; against a float64 reference Eigen's convolutions are as close or closer); a formula
+that cancels (DISTS' covariance) is written two-pass so its value does not hang on that order.
 
-  VISIM_JAX_CPU_KERNELS=eigen        (default) Eigen convolutions for our programs on a CPU backend
-  VISIM_JAX_CPU_KERNELS=eigen_dots   Eigen dots too (measured per row in RESULTS.md "XLA's CPU kernels")
+  VISIM_JAX_CPU_KERNELS=eigen        (default) YNNPACK dots, XLA's Eigen convolutions and own reductions
+  VISIM_JAX_CPU_KERNELS=eigen_dots   no YNNPACK at all (Eigen dots too)
   VISIM_JAX_CPU_KERNELS=xla          XLA's default kernels
 
 The choice is made at a program's first call, not at import (nothing here initialises a backend at import, so
@@ -31,9 +32,9 @@ from typing import Any, Callable
 ENV = 'VISIM_JAX_CPU_KERNELS'
 CHOICES = ('eigen', 'eigen_dots', 'xla')
 _YNN = 'xla_cpu_experimental_ynn_fusion_type'
-# jaxlib's default set without INDIVIDUAL_CONVOLUTION (a comma-separated list of the enum's names)
-EIGEN = {_YNN: 'LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE'}
-EIGEN_DOTS = {_YNN: 'LIBRARY_FUSION_TYPE_REDUCE'}   # dots to Eigen as well
+# the library fusions kept (a comma-separated list of the enum's names): jaxlib's default minus convolutions, reductions
+EIGEN = {_YNN: 'LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT'}
+EIGEN_DOTS = {_YNN: ''}   # dots to Eigen as well
 
 
 def choice() -> str:

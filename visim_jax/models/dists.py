@@ -101,7 +101,7 @@ def distance_from_features(params: dict, f0, f1) -> jax.Array:
     s1 = (2 * mx * my + C1) / (mx * mx + my * my + C1)
     vx = jnp.square(x - mx[:, None, None, :]).mean(axis=(1, 2))
     vy = jnp.square(y - my[:, None, None, :]).mean(axis=(1, 2))
-    cov = (x * y).mean(axis=(1, 2)) - mx * my
+    cov = ((x - mx[:, None, None, :]) * (y - my[:, None, None, :])).mean(axis=(1, 2))   # two-pass, as vx / vy
     s2 = (2 * cov + C2) / (vx + vy + C2)
     total = total + (s1 * a).sum(-1) + (s2 * b).sum(-1)
   return 1.0 - total
