@@ -172,6 +172,14 @@ def main(argv=None) -> dict:
     results.append(res)
     rows.append(inter.row(f'{metric}, {size} px, {a.pairs} pairs, batch {res["batch"]}, float32', stats,
                           'ours (jitted)', f'{refname} ({tdev})', 'pairs'))
+    if metric == 'dists':   # the roofline: DISTS' trunk alone (VGG16's convolutions + L2 pooling) on the same images
+      from visim_jax.models import dists as D  # pylint: disable=g-import-not-at-top
+      model = D.load_dists()
+      trunk = cpu_kernels.jit(lambda u: D.features(model.params, u.astype(jnp.float32) / 255.0, model.blocks))
+      run_trunk = lambda: [jax.block_until_ready((trunk(b0), trunk(b1))) for b0, b1 in batches]  # noqa: E731
+      tt = inter.interleaved({'trunk': run_trunk, 'ours': run_ours}, a.alternations)
+      res['trunk_roofline_percent'] = 100.0 * float(np.median(tt['trunk'])) / float(np.median(tt['ours']))
+      rows[-1]['ours'] += f" ({res['trunk_roofline_percent']:.0f}% of its trunk's rate)"
     print(json.dumps(res), file=sys.stderr, flush=True)
   out = {'benchmark': 'metrics', 'command': 'python benchmarks/metrics.py ' + ' '.join(argv or sys.argv[1:]),
          'machine': {'jax_device': jax.devices()[0].device_kind, 'cpus': os.cpu_count(), 'torch': torch.__version__,
