@@ -38,7 +38,7 @@ EIGEN_DOTS = {_YNN: ''}   # dots to Eigen as well
 
 
 def choice() -> str:
-  """'eigen' (default) or 'xla', from $VISIM_JAX_CPU_KERNELS; anything else is refused with one line."""
+  """'eigen' (default), 'eigen_dots' or 'xla', from $VISIM_JAX_CPU_KERNELS; anything else is refused (one line)."""
   value = os.environ.get(ENV, 'eigen').strip().lower() or 'eigen'
   if value not in CHOICES:
     from visim_jax.core.errors import UserError  # pylint: disable=g-import-not-at-top
