@@ -3,7 +3,7 @@
 jaxlib 0.10-0.12 hand float32 convolutions, dots and reductions on a CPU to YNNPACK (its default
 `xla_cpu_experimental_ynn_fusion_type` = INDIVIDUAL_DOT, INDIVIDUAL_CONVOLUTION, REDUCE). Measured on this project's
 2-core boxes (`python benchmarks/cpu_kernels.py`, `benchmarks/metrics.py`; RESULTS.md "XLA's CPU kernels"):
-YNNPACK's convolutions are 1.2-2.3x slower than XLA's Eigen ones (VGG16's 3x3 layers at 64 px; Eigen runs at
+YNNPACK's convolutions are 1.05-2.35x slower than XLA's Eigen ones (VGG16's 3x3 layers at 64 px; Eigen runs at
 PyTorch's oneDNN rate), and each of its reduction fusions costs ~0.35 ms of set-up (PSNR of 8 pairs of 64 px: 420 us
 a call under it, 72 us under XLA's own loops; SSIM and MS-SSIM 4x faster without it), while its dots are as fast as
 Eigen's or faster (the look-alike search's 64-query products ran 1.2-1.8x slower under Eigen). Every program the
