@@ -170,6 +170,16 @@ def main(_):
   result['rows'] = [interleaved.row(
       f'adaptation training, {p["n_train"]}/{p["n_test"]} pairs, {hp.runs} run(s) x sigmas {_SIGMAS.value} x '
       f'{hp.epochs} epochs, {views} views', stats, 'ours (one jitted program)', 'PyTorch bmm', 'steps')]
+  cost = compiled.cost_analysis()   # the roofline: XLA's FLOP count of the program, the box's SGEMM rate
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  flops = float((cost or {}).get('flops', 0.0))
+  if flops > 0 and jax.default_backend() == 'cpu':
+    sg = interleaved.sgemm_gflops(2 * views * p['n_train'], 256, 1024)   # the step's main product, one run
+    pct = {k: interleaved.roofline_percent(flops, stats[f'{k}_s'], sg['best']) for k in ('ours', 'reference')}
+    result.update(flops_per_call=flops, sgemm_gflops=sg, roofline_percent=pct)
+    result['rows'][0]['ours'] += (f" (XLA's FLOP count at {pct['ours']:.0f}% of the box's SGEMM rate, "
+                                  f"{sg['best']:.0f} GFLOP/s: not matmul-bound)")
+    result['rows'][0]['reference'] += f" ({pct['reference']:.0f}%, counting XLA's FLOPs of ours)"
   print(json.dumps(result, indent=1))
 
 
