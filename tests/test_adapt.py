@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import subprocs
+from test_runtime import kill_after
 from visim_jax.models import adaptation
 from visim_jax.losses import symmetric_ce
 from visim_jax.core import pca
@@ -91,14 +92,6 @@ def test_bfloat16_training_tracks_float32():
   np.testing.assert_allclose(bf16['loss'], f32['loss'], rtol=3e-2)
   diff = np.abs(bf16['params']['w'] - f32['params']['w'])
   assert diff.mean() < 0.01 * np.abs(f32['params']['w']).mean()  # Adam's sign-like steps flip a few tiny grads
-
-
-def kill_after(step):
-  """A runtime.FAULT_HOOK that kills the run (KeyboardInterrupt) right after the checkpoint of `step`."""
-  def hook(phase, at, directory):
-    if phase == 'after_save' and at == step:
-      raise KeyboardInterrupt(f'simulated kill after step {at}')
-  return hook
 
 
 def test_resume_after_kill_equals_no_kill(tmp_path, monkeypatch, capsys):

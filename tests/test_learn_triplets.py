@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import subprocs
+from test_runtime import kill_after
 from visim_jax.training import runtime
 from visim_jax.core.errors import UserError
 from visim_jax.experiments import learn_triplets as lt
@@ -55,11 +56,7 @@ def test_learns(reference):
 
 def test_killed_run_resumes_identically(reference, tmp_path, monkeypatch):
   full, wd = reference
-
-  def kill(phase, step, directory):
-    if phase == 'after_save' and step == 8:
-      raise KeyboardInterrupt('simulated kill')
-  monkeypatch.setattr(runtime, 'FAULT_HOOK', kill)
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', kill_after(8))
   with pytest.raises(KeyboardInterrupt):
     lt.run(tiny(**SHARED), str(tmp_path / 'killed'), progress=False)
   monkeypatch.setattr(runtime, 'FAULT_HOOK', None)

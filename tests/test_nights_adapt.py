@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from test_runtime import kill_after
 from visim_jax.training import adapter_file
 from visim_jax.losses import hinge
 from visim_jax.training import human_heads, runtime
@@ -79,13 +80,6 @@ def demo_config(tmp_path_factory, h, **kw):
   for k, v in kw.items():
     setattr(c, k, v)
   return c
-
-
-def kill_after(step):
-  def hook(phase, at, directory):
-    if phase == 'after_save' and at == step:
-      raise KeyboardInterrupt(f'simulated kill after epoch {at}')
-  return hook
 
 
 def test_experiment_end_to_end_resume_and_adapter(tmp_path, tmp_path_factory, monkeypatch, human_demo_sets):

@@ -37,10 +37,16 @@ def reference(tmp_path_factory):
 
 
 def hook_at(phase, step, exc):
+  """A runtime.FAULT_HOOK raising `exc` at `phase` of `step` (the other test files' runs import it)."""
   def hook(p, s, directory):
     if p == phase and s == step:
       raise exc
   return hook
+
+
+def kill_after(step):
+  """A runtime.FAULT_HOOK that kills the run (KeyboardInterrupt) right after the checkpoint of `step`."""
+  return hook_at('after_save', step, KeyboardInterrupt(f'simulated kill after step {step}'))
 
 
 def assert_clean(workdir):

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from test_runtime import kill_after
 from visim_jax.core import memory
 from visim_jax.core.errors import UserError
 from visim_jax.experiments import tune
@@ -82,11 +83,7 @@ def test_tuned_spec_embeds_as_the_run(reference):
 
 def test_killed_run_resumes_identically(reference, monkeypatch):
   full, tmp = reference
-
-  def kill(phase, step, directory):
-    if phase == 'after_save' and step == 3:
-      raise KeyboardInterrupt('simulated kill')
-  monkeypatch.setattr(runtime, 'FAULT_HOOK', kill)
+  monkeypatch.setattr(runtime, 'FAULT_HOOK', kill_after(3))
   with pytest.raises(KeyboardInterrupt):
     tune.run(tiny(tmp), str(tmp / 'killed'), progress=False)
   monkeypatch.setattr(runtime, 'FAULT_HOOK', None)
