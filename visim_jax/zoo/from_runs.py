@@ -17,7 +17,7 @@ from visim_jax.core import cpu_kernels
 from visim_jax.core import ops
 from visim_jax.core.errors import UserError
 from visim_jax.zoo.interface import (FIELD, Similarity, backbone_from, backbone_identity, bad, cosine_distance, file_sha,
-                                pooled_featurizer)
+                                pooled_featurizer, run_file)
 
 
 def _simnet_distance(params, f0, f1):
@@ -40,9 +40,7 @@ def _dot_distance(params, f0, f1):
 
 def adapter(spec, target, option, opts):
   from visim_jax.training import adapter_file
-  if option:
-    raise bad(spec, 'adapter: takes no @option')
-  path = os.path.join(target, 'adapter.npz') if os.path.isdir(target) else target
+  path = run_file(spec, 'adapter', target, option, 'adapter.npz')
   if not os.path.isfile(path):
     from visim_jax.training import workdir
     kind = workdir.recorded_experiment(target) if os.path.isdir(target) else None
@@ -176,9 +174,7 @@ def context_model(spec, target, option, opts):
 def triplets_model(spec, target, option, opts):
   from visim_jax.models import heads
   from visim_jax.training import head_file
-  if option:
-    raise bad(spec, 'triplets: takes no @option')
-  path = os.path.join(target, 'head.npz') if os.path.isdir(target) else target
+  path = run_file(spec, 'triplets', target, option, 'head.npz')
   if not os.path.isfile(path):
     raise bad(spec, f'{path}: no head.npz (give a finished learn_triplets workdir)')
   try:   # a crafted or damaged file is one line naming it (training/head_file.py)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from typing import Any, Callable, Sequence
 
 import jax
@@ -58,6 +59,14 @@ class Similarity:
 
 def bad(entry: str, why: str) -> UserError:
   return UserError(f'{FIELD}: {entry!r}: {why}')
+
+
+def run_file(spec: str, kind: str, target: str, option: str, filename: str) -> str:
+  """The file a spec backed by a run names: `target` itself, or `filename` inside the workdir `target`; a run's
+  file takes no @option (refused, naming the spec). Whether it exists is the caller's check (its own advice)."""
+  if option:
+    raise bad(spec, f'{kind}: takes no @option')
+  return os.path.join(target, filename) if os.path.isdir(target) else target
 
 
 def split_specs(models: str) -> list[str]:

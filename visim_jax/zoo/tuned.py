@@ -18,7 +18,7 @@ import os
 import jax
 
 from visim_jax.zoo.interface import (Similarity, backbone_from, backbone_identity, bad, cosine_distance, file_sha,
-                                     pooled_featurizer)
+                                     pooled_featurizer, run_file)
 
 STAGE = 'tuned'
 
@@ -57,9 +57,7 @@ def tuned_backbone(spec: str, path: str):
 
 
 def model(spec, target, option, opts):
-  if option:
-    raise bad(spec, 'tuned: takes no @option')
-  path = os.path.join(target, 'tuned.npz') if os.path.isdir(target) else target
+  path = run_file(spec, 'tuned', target, option, 'tuned.npz')
   if not os.path.isfile(path):
     raise bad(spec, f'{path}: no tuned.npz (give the workdir of a finished tune run)')
   backbone, meta = tuned_backbone(spec, path)
