@@ -4,7 +4,8 @@ r"""Runs every capability benchmark and prints one table: capability, ours, refe
   python benchmarks/run_all.py --small    # the same comparisons at small sizes, a few minutes
   python benchmarks/run_all.py --only=adapt,twoafc
   python benchmarks/run_all.py --dry_run  # the commands it would run
-  python benchmarks/run_all.py --gpu      # every capability on one GPU in at most 435 s (GPU_PLAN)
+  python benchmarks/run_all.py --gpu      # every capability on one GPU in at most 1200 s (GPU_PLAN)
+  python benchmarks/run_all.py --gpu --only=pipeline,extract_lite0,extract_clip_b32   # one part (GPU_CALLS)
   python benchmarks/run_all.py --gpu --dry_run   # the GPU plan: each script, its budget and its command
 
 Each script runs as a subprocess (its arguments: PRESETS[--small or full] on a CPU, the bare GPU-size defaults
@@ -15,7 +16,8 @@ alternations, the load average when measured). The table goes into benchmarks/RE
 of every script into benchmarks/results_all.json. A script that fails or times out gets a row saying so.
 
 --gpu runs GPU_PLAN instead: each entry one script with GPU sizes chosen to finish, its own budget (a subprocess
-timeout; the budgets add up to at most GPU_TOTAL_S = 435 s), the float32 precision of both sides set explicitly
+timeout; the budgets add up to at most GPU_TOTAL_S = 1200 s, in GPU_CALLS parts of at most GPU_CALL_S = 540 s,
+one lent-device call each), the float32 precision of both sides set explicitly
 ($VISIM_BENCH_PRECISION -> benchmarks/precision.py) and written in its JSON. Each script's progress lines are
 echoed as they come, and its JSON is printed and appended to benchmarks/results_gpu.jsonl as soon as it finishes,
 so a suite that is killed keeps what finished; the table goes between `<!-- run_all_gpu:begin -->` and
@@ -82,28 +84,41 @@ PRESETS = {
 
 # --gpu: (entry name, script, arguments, budget in seconds, float32 precision of both sides). Sizes are chosen so that
 # each finishes within its budget on one H100 (80 GB) with 16 host cores, start-up and compilation included.
-GPU_TOTAL_S = 435
+# budgets: a cold lent machine's CUDA start, cuDNN autotuning and first compilations included. Measured on a lent
+# H200 on 2026-11-27 (benchmarks/gpu_2026-11-27/): at the previous budgets (40-90 s) every entry but metrics (32 s)
+# was cut; search took 54 s; twoafc's NumPy reference over 2M triplets x 2048-D gathers ~50 GB a call (minutes:
+# now 200k triplets) and simnet printed nothing in 60 s (now float32 only: the table's row). One device call runs
+# at most 600 s and a session has ~870 s of device time after the start, so the plan runs in GPU_CALLS parts
+# (`--only=` a part's names), each within GPU_CALL_S: part 1 and 2 in one session, part 3 in the next.
+GPU_TOTAL_S = 1200
+GPU_CALL_S = 540
 GPU_PLAN = (
     ('pipeline', 'pipeline', ['--files=1024', '--batch=256', '--dtype=bfloat16', '--repeats=2', '--alternations=2'],
-     25, 'fp32'),
-    ('extract_lite0', 'extract', ['--batch=256', '--batches=10', '--dtype=float32', '--files=256'], 25, 'fp32'),
-    ('extract_clip_b32', 'extract_clip', ['--batch=256', '--batches=10', '--files=512'], 35, 'fp32'),
+     75, 'fp32'),
+    ('extract_lite0', 'extract', ['--batch=256', '--batches=10', '--dtype=float32', '--files=256'], 75, 'fp32'),
+    ('extract_clip_b32', 'extract_clip', ['--batch=256', '--batches=10', '--files=512'], 90, 'fp32'),
     ('extract_siglip_dreamsim', 'extract_families',
-     ['--members=siglip_b16_224,dreamsim_ensemble', '--batch=64', '--batches=3', '--dtype=bfloat16'], 55, 'fp32'),
-    ('lpips', 'lpips', ['--nets=alex,vgg', '--sizes=64,224', '--pairs=4096', '--batch=256', '--trunks=0'], 25,
+     ['--members=siglip_b16_224,dreamsim_ensemble', '--batch=64', '--batches=3', '--dtype=bfloat16'], 150, 'fp32'),
+    ('lpips', 'lpips', ['--nets=alex,vgg', '--sizes=64,224', '--pairs=4096', '--batch=256', '--trunks=0'], 60,
      'fp32'),
-    ('adapt_tll', 'adapt', ['--preset=tll', '--alternations=2'], 60, 'fp32'),
-    ('simnet', 'simnet', ['--preset=gpu', '--reference', '--skip_naive', '--queries=512', '--database=16384',
-                          '--repeats=2'], 25, 'fp32'),
+    ('adapt_tll', 'adapt', ['--preset=tll', '--alternations=1'], 150, 'fp32'),
+    ('simnet', 'simnet', ['--preset=gpu', '--dtypes=float32', '--reference', '--skip_naive', '--queries=512',
+                          '--database=16384', '--repeats=2'], 90, 'fp32'),
     ('histograms_imagenet', 'histograms', ['--samples=1281167', '--dim=768', '--classes=1000', '--n_pairs=2000',
-                                           '--repeats=2'], 25, 'fp32'),
-    ('search', 'search', ['--n=1000000', '--dim=768', '--queries=512', '--repeats=2'], 15, 'fp32'),
-    ('twoafc', 'twoafc', ['--n_triplets=2000000', '--loop_triplets=20000', '--sweep_triplets=20000',
-                          '--repeats=2'], 20, 'fp32'),
-    ('learn_triplets', 'learn_triplets', ['--mode=compare', '--steps=50', '--alternations=3'], 20, 'fp32'),
-    ('metrics', 'metrics', ['--size=256', '--pairs=512', '--batch=128'], 15, 'fp32'),
+                                           '--repeats=2'], 90, 'fp32'),
+    ('search', 'search', ['--n=1000000', '--dim=768', '--queries=512', '--repeats=2'], 75, 'fp32'),
+    ('twoafc', 'twoafc', ['--n_triplets=200000', '--loop_triplets=20000', '--sweep_triplets=20000',
+                          '--repeats=2'], 75, 'fp32'),
+    ('learn_triplets', 'learn_triplets', ['--mode=compare', '--steps=50', '--alternations=3'], 60, 'fp32'),
+    ('metrics', 'metrics', ['--size=256', '--pairs=512', '--batch=128'], 60, 'fp32'),
     # ViT-B/16 LoRA step vs PyTorch + peft, bfloat16 compute on both sides (the script's preset; it stops at 80 s)
     ('tune_step_vitb16_lora', 'tune_step', ['--gpu_preset'], 90, 'fp32'),
+)
+# the plan in device calls: each part's budgets add up to at most GPU_CALL_S (one part a call: --only=its names)
+GPU_CALLS = (
+    ('search', 'twoafc', 'simnet', 'histograms_imagenet', 'adapt_tll', 'metrics'),
+    ('pipeline', 'extract_lite0', 'extract_clip_b32'),
+    ('extract_siglip_dreamsim', 'lpips', 'learn_triplets', 'tune_step_vitb16_lora'),
 )
 GPU_BEGIN, GPU_END = '<!-- run_all_gpu:begin -->', '<!-- run_all_gpu:end -->'
 # what an entry needs beyond jax / torch, checked before it starts (find_spec: nothing is imported): an entry whose
@@ -198,17 +213,20 @@ def gpu_commands() -> list[dict]:
 
 
 def run_streaming(cmd: list[str], timeout: float, env: dict, prefix: str) -> tuple[int | None, str, str]:
-  """(exit status or None on timeout, stdout, stderr tail): stderr lines echoed as they come; the process group
+  """(exit status or None on timeout, stdout, stderr tail): stderr lines echoed as they come, each with the seconds
+  since the process started (the stderr tail keeps them: where a cut-off script's time went); the process group
   is killed at `timeout`."""
+  t0 = time.time()
   p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        start_new_session=True)
   out, err = [], []
 
   def pump(stream, sink, echo):
     for line in stream:
-      sink.append(line)
       if echo:
+        line = f'[+{time.time() - t0:.1f} s] {line}'
         print(f'   {prefix}| {line.rstrip()}'[:300], flush=True)
+      sink.append(line)
   threads = [threading.Thread(target=pump, args=(p.stdout, out, False), daemon=True),
              threading.Thread(target=pump, args=(p.stderr, err, True), daemon=True)]
   for t in threads:
@@ -408,7 +426,7 @@ def main(argv=None):
   ap.add_argument('--sizes', default='auto', choices=('auto', 'cpu', 'default'),
                   help="auto: PRESETS when jax's backend is the CPU; cpu: always; default: the scripts' bare "
                        "defaults (the issues' GPU sizes)")
-  ap.add_argument('--gpu', action='store_true', help='GPU_PLAN: every capability on one GPU within GPU_TOTAL_S = 435 s')
+  ap.add_argument('--gpu', action='store_true', help='GPU_PLAN: every capability on one GPU within GPU_TOTAL_S = 1200 s')
   ap.add_argument('--gpu_jsonl', default=os.path.join(HERE, 'results_gpu.jsonl'),
                   help='--gpu: each finished script\'s JSON is appended here at once')
   ap.add_argument('--max_load', type=float, default=None,
