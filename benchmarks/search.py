@@ -11,7 +11,9 @@ ours is (build_index). Both sides answer every query, timed interleaved (benchma
 each, --repeats alternations, median, spread); the same top-k sets are reported. Our number excludes
 compilation (reported apart) and the one-off index upload. When `faiss` is installed (`pip install faiss-cpu`),
 a second row compares ours with its exact flat inner-product index (faiss.IndexFlatIP over the same unit vectors,
-all CPU threads; what a user reaches for), timed the same way. Prints one JSON object.
+all CPU threads; what a user reaches for), timed the same way; when PyTorch is installed, a third row compares
+with a PyTorch matmul + torch.topk per 256-query chunk on its GPU when it has one (on a GPU the fair reference:
+NumPy runs on the host), else on the CPU. Prints one JSON object.
 """
 from __future__ import annotations
 
@@ -127,7 +129,35 @@ def main(_):
                                                                  for a, b in zip(got['faiss'], got['ours'])]))}
     result['rows'].append(interleaved.row(capability, fstats, 'ours (blocked scan)',
                                           f'FAISS {faiss.__version__} IndexFlatIP (exact)', 'queries'))
+  torch_row(result, capability, ours_fn, got, db_n, q_n, k)
   print(json.dumps(result, indent=1))
+
+
+def torch_row(result, capability, ours_fn, got, db_n, q_n, k, chunk: int = 256):
+  """A third row when PyTorch is installed: what a PyTorch user writes, on its GPU when it has one (the fair
+  reference there: NumPy runs on the host): the database on the device once (as our index), then per chunk of
+  queries one matmul and torch.topk."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    result['torch'] = 'not installed'
+    return
+  dev = 'cuda' if torch.cuda.is_available() else 'cpu'
+  tdb = torch.from_numpy(np.ascontiguousarray(db_n)).to(dev)
+
+  def torch_fn():
+    out = []
+    for s in range(0, len(q_n), chunk):
+      tq = torch.from_numpy(np.ascontiguousarray(q_n[s:s + chunk])).to(dev)
+      out.append(torch.topk(tq @ tdb.T, k, dim=1).indices.cpu().numpy())
+    got['torch'] = np.concatenate(out)
+  times = interleaved.interleaved({'ours': ours_fn, 'reference': torch_fn}, _REPEATS.value)
+  tstats = interleaved.compare(times['ours'], times['reference'], work=len(q_n), unit='queries')
+  result['torch'] = {**tstats, 'version': torch.__version__, 'device': dev, 'threads': torch.get_num_threads(),
+                     'same_topk_sets_fraction': float(np.mean([set(a) == set(b)
+                                                               for a, b in zip(got['torch'], got['ours'])]))}
+  result['rows'].append(interleaved.row(capability, tstats, 'ours (blocked scan)',
+                                        f'PyTorch {torch.__version__} matmul + topk ({dev})', 'queries'))
 
 
 if __name__ == '__main__':
