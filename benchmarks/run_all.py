@@ -303,7 +303,7 @@ def run_gpu(a) -> list[dict]:
                                                         os.path.relpath(a.gpu_jsonl, ROOT))
   print('\n'.join(l for l in section.split('\n') if l.startswith('|') or l.startswith('Machine')))
   if quiet_enough(peak, a.max_load, a.write_contended, a.results):
-    update_results(a.results, section, GPU_BEGIN, GPU_END)
+    update_results(a.results, section, GPU_BEGIN, GPU_END, keep=True)   # earlier cards' and parts' rows stay
     print(f'wrote {a.results}', flush=True)
   print(f'each script\'s JSON: {a.gpu_jsonl} ({time.time() - t_suite:.0f} s in all)')
   return rows
@@ -378,14 +378,20 @@ def render(rows: list[dict], mach: dict, date: str, command: str, contended: flo
   return '\n'.join(lines)
 
 
-def update_results(path: str, section: str, begin: str = BEGIN, end: str = END) -> None:
-  """Replaces the run_all section of `path` (or appends it), leaving the rest of the file as it was. The markers
-  count only on lines of their own (the prose may name them in backticks)."""
+def update_results(path: str, section: str, begin: str = BEGIN, end: str = END, keep: bool = False) -> None:
+  """Replaces the run_all section of `path` (or appends it), leaving the rest of the file as it was; keep=True adds
+  the new section's content after what the markers already hold instead (the GPU section: each lent machine's
+  run, part by part, beside the earlier ones). The markers count only on lines of their own (the prose may name
+  them in backticks)."""
   import re  # pylint: disable=g-import-not-at-top
   text = open(path).read() if os.path.exists(path) else '# Benchmark results\n'
   mb = re.search(rf'^{re.escape(begin)}$', text, re.M)
   me = re.search(rf'^{re.escape(end)}$', text[mb.end():], re.M) if mb else None
-  if mb and me:
+  if mb and me and keep:
+    inner = section.split(begin, 1)[-1].rsplit(end, 1)[0].strip('\n')
+    old = text[mb.end():mb.end() + me.start()].rstrip('\n')
+    text = text[:mb.end()] + old + '\n\n' + inner + '\n' + text[mb.end() + me.start():]
+  elif mb and me:
     text = text[:mb.start()] + section + text[mb.end() + me.end():]
   else:
     text = text.rstrip('\n') + '\n\n' + section + '\n'

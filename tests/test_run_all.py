@@ -121,3 +121,15 @@ def test_results_section_is_found_on_its_own_line_not_in_the_prose(tmp_path):
   text = path.read_text()
   assert 'old table' not in text and 'new table' in text and 'after' in text
   assert f'The table goes between `{run_all.GPU_BEGIN}` and `{run_all.GPU_END}` below.' in text
+
+
+def test_gpu_section_keeps_the_earlier_runs_rows(tmp_path):
+  path = tmp_path / 'RESULTS.md'
+  path.write_text(f'# R\n\n{run_all.GPU_BEGIN}\n| H100 | old row |\n{run_all.GPU_END}\n\nafter\n')
+  for new in ('part 1 table', 'part 2 table'):
+    run_all.update_results(str(path), f'{run_all.GPU_BEGIN}\n{new}\n{run_all.GPU_END}', run_all.GPU_BEGIN,
+                           run_all.GPU_END, keep=True)
+  text = path.read_text()
+  inner = text.split(run_all.GPU_BEGIN + '\n', 1)[1].split('\n' + run_all.GPU_END, 1)[0]
+  assert inner == '| H100 | old row |\n\npart 1 table\n\npart 2 table'
+  assert text.endswith(f'{run_all.GPU_END}\n\nafter\n')
