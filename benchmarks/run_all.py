@@ -82,14 +82,14 @@ PRESETS = {
 }
 
 
-# --gpu: (entry name, script, arguments, budget in seconds, float32 precision of both sides). Sizes are chosen so that
-# each finishes within its budget on one H100 (80 GB) with 16 host cores, start-up and compilation included.
-# budgets: a cold lent machine's CUDA start, cuDNN autotuning and first compilations included. Measured on a lent
-# H200 on 2026-11-27 (benchmarks/gpu_2026-11-27/): at the previous budgets (40-90 s) every entry but metrics (32 s)
-# was cut; search took 54 s; twoafc's NumPy reference over 2M triplets x 2048-D gathers ~50 GB a call (minutes:
-# now 200k triplets) and simnet printed nothing in 60 s (now float32 only: the table's row). One device call runs
-# at most 600 s and a session has ~870 s of device time after the start, so the plan runs in GPU_CALLS parts
-# (`--only=` a part's names), each within GPU_CALL_S: part 1 and 2 in one session, part 3 in the next.
+# --gpu: (entry name, script, arguments, budget in seconds, float32 precision of both sides), for one H100 / H200
+# with 16 host cores. The budgets include a cold lent machine's CUDA start, cuDNN autotuning and first
+# compilations. Measured on a lent H200 on 2026-11-27 (benchmarks/gpu_2026-11-27/): at the previous budgets
+# (40-90 s) every entry but metrics (32 s) was cut; search took 54 s; twoafc's NumPy reference over 2M triplets x
+# 2048-D gathers ~50 GB a call (minutes: now 200k triplets) and simnet printed nothing in 60 s (now float32 only:
+# the table's row). One device call runs at most 600 s and a session has ~870 s of device time after the start,
+# so the plan runs in GPU_CALLS parts (`--only=` a part's names), each within GPU_CALL_S: part 1 and 2 in one
+# session, part 3 in the next.
 GPU_TOTAL_S = 1200
 GPU_CALL_S = 540
 GPU_PLAN = (

@@ -1,8 +1,9 @@
 """The pure math of look-alike search: exact top-k and partner ranks over a database sharded along its rows.
 
 Each device holds a shard of the L2-normalised (N, D) database (NamedSharding P('db'), padded rows masked by
-`valid`) and scans it in steps of `block` rows with `visim_jax.core.ops.running_topk` (lax.top_k of [running k |
-step scores], memory O(Q (k + block)) whatever N); the S x k shard candidates are merged by one more top_k. The
+`valid`) and scans it in steps of `block` rows with `visim_jax.core.ops.running_topk` (each step's own top k by
+`ops.top_k`, pruned on a CPU, then lax.top_k of [running k | step's k]; memory O(Q (k + block)) whatever N); the
+S x k shard candidates are merged by one more top_k. The
 index stores its shard in equal blocks (search/index.py); `scan_block` groups consecutive blocks into one step as
 far as SCORE_TILE allows (the whole shard in one matmul and one top_k for small indexes).
 Ties go to the lower index (lax.top_k is stable and candidates stay in index order): exactly a stable argsort
