@@ -12,7 +12,9 @@ program; the reference: [0, 1] float tensors made before timing), scores brought
   ms_ssim  ours: models/classical.ms_ssim         reference: pytorch_msssim.ms_ssim(...)  (pytorch-msssim 1.0.0)
   dists    ours: models/dists.dists (real weights) reference: DISTS_pytorch.DISTS_pt.DISTS with the same VGG16 conv
            weights and the package's alpha / beta (torchvision imported as the parity tests' stub)
-Timed by benchmarks/interleaved.py (one warm-up call each, then A B / B A ... alternations); the largest |difference|
+Timed by benchmarks/interleaved.py (one warm-up call each, then A B / B A ... alternations, each timing as many
+back-to-back runs as fill --min_time on the faster side, the same count on both: a 1 ms run timed alone after the
+pause measured the thread pools' wake-up); the largest |difference|
 of the scores is measured and must stay below each metric's tolerance (the values are checked equal). One JSON
 object with `rows` for benchmarks/run_all.py (and --out).
 """
@@ -125,6 +127,8 @@ def main(argv=None) -> dict:
   ap.add_argument('--pairs', type=int, default=64)
   ap.add_argument('--batch', type=int, default=32, help='pairs per call')
   ap.add_argument('--alternations', type=int, default=3)
+  ap.add_argument('--min_time', type=float, default=0.2,
+                  help='seconds of back-to-back runs per timed alternation (the same number of runs each side)')
   ap.add_argument('--out', default=None)
   a = ap.parse_args(argv)
   import torch  # pylint: disable=g-import-not-at-top
@@ -174,7 +178,8 @@ def main(argv=None) -> dict:
     if not diff <= TOLERANCE[metric]:
       raise SystemExit(f'benchmarks/metrics.py: {metric}: ours and the reference differ by {diff:.3g} '
                        f'(> {TOLERANCE[metric]:g})')
-    times = inter.interleaved({'ours': run_ours, 'reference': run_ref}, a.alternations, warmup=False)
+    times = inter.interleaved({'ours': run_ours, 'reference': run_ref}, a.alternations, warmup=False,
+                              min_time=a.min_time)
     stats = inter.compare(times['ours'], times['reference'], work=a.pairs, unit='pairs')
     refname = {'psnr': 'piq 0.8.0', 'ssim': 'pytorch-msssim 1.0.0', 'ms_ssim': 'pytorch-msssim 1.0.0',
                'dists': 'DISTS_pytorch 0.1'}[metric]

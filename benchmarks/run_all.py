@@ -68,7 +68,9 @@ PRESETS = {
         'adapt': ['--preset=small'],
         'twoafc': ['--small'],
         'histograms': ['--samples=20000', '--dim=128', '--classes=20', '--n_pairs=1000'],
-        'simnet': ['--preset=cpu', '--reference', '--queries=8', '--database=128', '--q_tile=8', '--skip_naive'],
+        # d_tile = database: our products then have the reference's rows (q_tile x database pairs per block)
+        'simnet': ['--preset=cpu', '--reference', '--queries=8', '--database=128', '--q_tile=8', '--d_tile=128',
+                   '--skip_naive'],
         'extract': ['--batch=8', '--batches=2', '--files=16'],
         'extract_clip': ['--dtype=float32', '--batch=4', '--batches=2', '--files=8'],
         'search': ['--n=20000', '--queries=64'],

@@ -133,3 +133,20 @@ def test_gpu_section_keeps_the_earlier_runs_rows(tmp_path):
   inner = text.split(run_all.GPU_BEGIN + '\n', 1)[1].split('\n' + run_all.GPU_END, 1)[0]
   assert inner == '| H100 | old row |\n\npart 1 table\n\npart 2 table'
   assert text.endswith(f'{run_all.GPU_END}\n\nafter\n')
+
+
+def test_interleaved_min_time_times_the_same_back_to_back_runs_on_each_side():
+  inter = _bench_module('interleaved')
+  calls = {'fast': 0, 'slow': 0}
+
+  def side(name, seconds):
+    def run():
+      calls[name] += 1
+      import time
+      time.sleep(seconds)
+    return run
+  times = inter.interleaved({'fast': side('fast', 0.001), 'slow': side('slow', 0.02)}, alternations=2,
+                            warmup=False, pause=0.0, min_time=0.005)
+  assert calls['fast'] == calls['slow'] > 3 + 2       # 3 calibration calls, then the same reps > 1 on each side
+  assert all(t >= 0.001 for t in times['fast']) and all(t >= 0.02 for t in times['slow'])   # per call, not per rep
+  assert max(times['fast']) < min(times['slow'])
