@@ -48,7 +48,15 @@ def init(kind: str, key: jax.Array, in_dim: int, out_dim: int) -> dict:
 
 
 def apply(kind: str, params: dict, x: jax.Array) -> jax.Array:
-  x = x.astype(jnp.float32)
+  """The head on the last axis of x (..., in_dim) -> (..., out): every leading axis goes through as one axis of
+  rows, so a weight's gradient contracts one axis (with (B, 3, D) triplet rows it contracted two, and XLA:CPU
+  transposed the output gradient for it: the step at AligNet's sizes ran ~10% longer)."""
+  lead = jnp.shape(x)[:-1]
+  out = _apply_rows(kind, params, jnp.reshape(x, (-1, jnp.shape(x)[-1])).astype(jnp.float32))
+  return out.reshape(lead + out.shape[-1:])
+
+
+def _apply_rows(kind: str, params: dict, x: jax.Array) -> jax.Array:
   if kind == 'adapter':
     return adaptation.adapt(params, x)
   if kind == 'embed':
