@@ -2,6 +2,7 @@ r"""XLA's CPU convolutions, YNNPACK (jaxlib's default) vs Eigen (ours) vs PyTorc
 
   python benchmarks/cpu_kernels.py            # VGG16's 3x3 convolutions at 64 px (batch 32) and five SGEMM shapes
   python benchmarks/cpu_kernels.py --small    # batch 8, fewer rounds (seconds)
+  python benchmarks/cpu_kernels.py --convs=alex224 --batch=10   # AlexNet's five convolutions at 224 px (LPIPS-alex)
 
 Why visim_jax/core/cpu_kernels.py compiles our programs with Eigen convolutions: the same jax.jit of one
 convolution (NHWC / HWIO), compiled twice in one process (XLA's default options, and ours), against
@@ -28,25 +29,35 @@ import numpy as np  # noqa: E402
 from interleaved import emit, interleaved, load_average  # noqa: E402
 from visim_jax.core import cpu_kernels  # noqa: E402
 
-# (H, Cin, Cout) of VGG16's 3x3 layers at 64 px: one per block, the first one's wide map included
-CONVS = ((64, 64, 64), (32, 128, 128), (16, 256, 256), (8, 512, 512), (4, 512, 512))
+# (H, Cin, Cout, kernel, stride, padding) of VGG16's 3x3 layers at 64 px: one per block, the first one's wide map
+# included; and of torchvision AlexNet's five convolutions at 224 px (LPIPS-alex's trunk)
+CONV_SETS = {
+    'vgg64': ('VGG16 3x3 convolutions at 64 px',
+              ((64, 64, 64, 3, 1, 1), (32, 128, 128, 3, 1, 1), (16, 256, 256, 3, 1, 1), (8, 512, 512, 3, 1, 1),
+               (4, 512, 512, 3, 1, 1))),
+    'alex224': ('AlexNet convolutions at 224 px',
+                ((224, 3, 64, 11, 4, 2), (27, 64, 192, 5, 1, 2), (13, 192, 384, 3, 1, 1), (13, 384, 256, 3, 1, 1),
+                 (13, 256, 256, 3, 1, 1))),
+}
 GEMMS = ((2048, 2048, 2048), (8192, 4608, 512), (1536, 768, 1024), (64, 256, 20000), (1024, 512, 512))
 
 
-def _conv(x, w):
-  return jax.lax.conv_general_dilated(x, w, (1, 1), 'SAME', dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+def _conv_fn(stride: int, pad: int):
+  return lambda x, w: jax.lax.conv_general_dilated(x, w, (stride, stride), [(pad, pad)] * 2,
+                                                   dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
 
 
 def _case(kind: str, shape: tuple, batch: int, alternations: int) -> dict:
   import torch  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   if kind == 'conv':
-    h, c, o = shape
+    h, c, o, k, st, pad = shape
     a = rng.standard_normal((batch, h, h, c), np.float32)
-    b = rng.standard_normal((3, 3, c, o), np.float32) * 0.05
-    fn, flops = _conv, 2 * 9 * c * o * batch * h * h
+    b = rng.standard_normal((k, k, c, o), np.float32) * 0.05
+    ho = (h + 2 * pad - k) // st + 1
+    fn, flops = _conv_fn(st, pad), 2 * k * k * c * o * batch * ho * ho
     ta, tb = torch.from_numpy(a.transpose(0, 3, 1, 2).copy()), torch.from_numpy(b.transpose(3, 2, 0, 1).copy())
-    ref_fn = lambda: torch.nn.functional.conv2d(ta, tb, padding=1)  # noqa: E731
+    ref_fn = lambda: torch.nn.functional.conv2d(ta, tb, stride=st, padding=pad)  # noqa: E731
     to_ours = lambda t: t.permute(0, 2, 3, 1).numpy()  # noqa: E731
   else:
     m, k, n = shape
@@ -78,7 +89,7 @@ def _case(kind: str, shape: tuple, batch: int, alternations: int) -> dict:
   if kind == 'conv':
     sides['xla_default'] = run(lambda: xla(ja, jb))
   with torch.no_grad():
-    times = interleaved(sides, alternations=alternations)
+    times = interleaved(sides, alternations=alternations, min_time=0.1)   # AlexNet's 13 px layers: 1 rep = ~10 ms
   rate = {k: round(reps * flops / float(np.median(v)) / 1e9, 1) for k, v in times.items()}
   out = {'kind': kind, 'shape': list(shape), 'batch': batch if kind == 'conv' else None, 'gflops': rate,
          'ours_vs_torch': round(rate['ours'] / rate['torch'], 3)}
@@ -92,17 +103,19 @@ def main(argv=None) -> dict:
   ap.add_argument('--small', action='store_true', help='batch 8 and 3 alternations (seconds)')
   ap.add_argument('--batch', type=int, default=32, help='images per convolution call')
   ap.add_argument('--alternations', type=int, default=5)
+  ap.add_argument('--convs', choices=sorted(CONV_SETS), default='vgg64', help='which convolutions')
   ap.add_argument('--json', default='', help='also write the JSON here')
   a = ap.parse_args(argv)
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(os.cpu_count() or 1)
   batch, alts = (8, 3) if a.small else (a.batch, a.alternations)
-  cases = [_case('conv', s, batch, alts) for s in CONVS] + [_case('gemm', s, batch, alts) for s in GEMMS]
-  cmd = 'python benchmarks/cpu_kernels.py' + (' --small' if a.small else '')
+  conv_what, convs = CONV_SETS[a.convs]
+  cases = [_case('conv', s, batch, alts) for s in convs] + [_case('gemm', s, batch, alts) for s in GEMMS]
+  cmd = 'python benchmarks/cpu_kernels.py' + ' '.join([''] + list(argv if argv is not None else sys.argv[1:]))
   rows = []
   torch_name = f'PyTorch {torch.__version__.split("+")[0]}'
   for kind, what, ours_name, refs in (
-      ('conv', f'VGG16 3x3 convolutions at 64 px, batch {batch}, {len(CONVS)} shapes', 'ours (Eigen)',
+      ('conv', f'{conv_what}, batch {batch}, {len(convs)} shapes', 'ours (Eigen)',
        (('torch', f'{torch_name} conv2d'), ('xla_default', "XLA's default (YNNPACK)"))),
       ('gemm', f'float32 matmul (the SGEMM roofline), {len(GEMMS)} shapes', "ours (XLA's default dot)",
        (('torch', f'{torch_name} matmul'),))):

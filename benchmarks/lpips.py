@@ -11,7 +11,9 @@ paired with another photo, a blur and a shift of itself) to a (N,) array of dist
          trunks holding the same conv weights: tests/torch_init.py), fed lpips.im2tensor's x / 127.5 - 1 NCHW
          tensors, under torch.no_grad(), torch's default threads
 The order is interleaved (ours, torch, torch, ours, ...) for --alternations rounds after one warm-up call each
-(our compile is timed apart); pairs/s = pairs / wall time per round: median, min and max, and the max |difference|
+(our compile is timed apart), each round timing as many back-to-back runs as fill --min_time on the fastest side
+(the same count on every side: on the 2-core VM a ~10 ms XLA call timed alone after the rounds' idle pause took
+~2 ms longer than back to back, torch's did not); pairs/s = pairs / wall time of one run (a round's time over its runs): median, min and max, and the max |difference|
 of the distances. The plain conv stacks are timed in the same rounds (--trunks, default on): each side's trunk alone
 (the five tapped maps of the same batches, inputs already scaled: convolutions + bias + ReLU + max-pooling), so
 every row also reports the time outside the convolutions (whole distance - trunk) on both sides and ours as a
@@ -84,6 +86,8 @@ def main(argv=None) -> dict:
   ap.add_argument('--batch', type=int, default=64, help='pairs per call')
   ap.add_argument('--alternations', type=int, default=3, help='rounds of (ours, torch) / (torch, ours)')
   ap.add_argument('--trunks', type=int, default=1, help='1: also time both plain conv stacks (the conv roofline)')
+  ap.add_argument('--min_time', type=float, default=0.5,
+                  help='seconds of back-to-back runs per timed alternation (the same number of runs each side)')
   ap.add_argument('--out', default=None)
   a = ap.parse_args(argv)
 
@@ -151,7 +155,7 @@ def main(argv=None) -> dict:
       d_ours = run_ours()
       compile_s = time.perf_counter() - t
       d_torch = run_torch()
-      times = interleaved.interleaved(sides, a.alternations)
+      times = interleaved.interleaved(sides, a.alternations, min_time=a.min_time)
       rate = {k: [n / s for s in times[k]] for k in ('ours', 'torch')}
       row = {'net': net, 'size': size, 'pairs': n, 'batch': min(a.batch, n),
              'ours_pairs_per_s': float(np.median(rate['ours'])), 'torch_pairs_per_s': float(np.median(rate['torch'])),
