@@ -8,7 +8,10 @@
 change of machine load during the run hits both sides alike; each callable must block until its result is
 computed (jax.block_until_ready / a NumPy result). Each timed call starts after a pause (PAUSE_S), so the worker
 threads of the side before have gone idle: OpenBLAS's spin for about 0.1 s after a call (measured: a jitted search
-timed right after NumPy's matmul took 1.3x the CPU time it took after a pause), OpenMP's for a while too.
+timed right after NumPy's matmul took 1.3x the CPU time it took after a pause), OpenMP's for a while too. A
+side whose call is short is timed over back-to-back calls (MIN_TIME_S, the same count on every side): one call of
+~10-60 ms timed alone after the pause measured this VM's wake-up too (an XLA convolution took ~2 ms longer after
+it than back to back, torch's did not), which is not the throughput a user's loop gets.
 `compare` reports each side's median seconds (and items per second when `work` is given), the ratio reference /
 ours of the medians (> 1: ours is faster), and the spread: the smallest and largest ratio of the alternations' pairs. `load_average()` is the machine's 1, 5 and
 15 minute load average (os.getloadavg) at the moment it is called: print it with every result. `row` makes
@@ -32,15 +35,16 @@ def load_average() -> list[float]:
 
 
 PAUSE_S = 0.25
+MIN_TIME_S = 0.2
 
 
 def interleaved(sides: dict[str, Callable[[], Any]], alternations: int = 3, warmup: bool = True,
-                pause: float = PAUSE_S, min_time: float = 0.0) -> dict:
+                pause: float = PAUSE_S, min_time: float = MIN_TIME_S) -> dict:
   """{name: [seconds of one call, per alternation]}; one untimed warm-up call of each side first (compile,
   caches); `pause` seconds of idle before each timed call (not timed).
 
   min_time > 0: each alternation times `reps` back-to-back calls of a side and records their mean, reps the same
-  for every side and chosen from untimed calls of each so that the fastest side's reps last >= min_time (a call
+  for every side and chosen from untimed calls of each (up to 3) so that the fastest side's reps last >= min_time (a call
   of ~0.1 ms timed alone after the pause measures the thread pools' wake-up, not the work: PSNR of 8 pairs of
   64 px took 81 us a call back to back and ~0.5 ms timed alone)."""
   names = list(sides)
@@ -51,10 +55,12 @@ def interleaved(sides: dict[str, Callable[[], Any]], alternations: int = 3, warm
   if min_time > 0:
     one = []
     for n in names:
-      for _ in range(3):   # back to back: the first may still pay the wake-up
+      for _ in range(3):   # back to back (the first may still pay the wake-up); a long call needs no second
         t = time.perf_counter()
         sides[n]()
         one.append(time.perf_counter() - t)
+        if one[-1] >= min_time:
+          break
     reps = max(1, int(np.ceil(min_time / max(min(one), 1e-9))))
   times = {n: [] for n in names}
   for i in range(alternations):
