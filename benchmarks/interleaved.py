@@ -44,9 +44,9 @@ def interleaved(sides: dict[str, Callable[[], Any]], alternations: int = 3, warm
   caches); `pause` seconds of idle before each timed call (not timed).
 
   min_time > 0: each alternation times `reps` back-to-back calls of a side and records their mean, reps the same
-  for every side and chosen from untimed calls of each (up to 3) so that the fastest side's reps last >= min_time (a call
-  of ~0.1 ms timed alone after the pause measures the thread pools' wake-up, not the work: PSNR of 8 pairs of
-  64 px took 81 us a call back to back and ~0.5 ms timed alone)."""
+  for every side and chosen from untimed calls of each (up to 3) so that the fastest side's reps last >= min_time
+  (a call of ~0.1 ms timed alone after the pause measures the thread pools' wake-up, not the work: PSNR of 8 pairs
+  of 64 px took 81 us a call back to back and ~0.5 ms timed alone)."""
   names = list(sides)
   if warmup:
     for n in names:
