@@ -135,19 +135,27 @@ def test_gpu_section_keeps_the_earlier_runs_rows(tmp_path):
   assert text.endswith(f'{run_all.GPU_END}\n\nafter\n')
 
 
-def test_interleaved_min_time_times_the_same_back_to_back_runs_on_each_side():
+def test_interleaved_min_time_times_the_same_back_to_back_runs_on_each_side(monkeypatch):
   inter = _bench_module('interleaved')
+  clock = {'now': 0.0}
   calls = {'fast': 0, 'slow': 0}
+
+  class FakeTime:   # a virtual clock: the sides advance it, so machine load cannot change the counts
+    perf_counter = staticmethod(lambda: clock['now'])
+    sleep = staticmethod(lambda s: clock.__setitem__('now', clock['now'] + s))
+
+  monkeypatch.setattr(inter, 'time', FakeTime)
 
   def side(name, seconds):
     def run():
       calls[name] += 1
-      import time
-      time.sleep(seconds)
+      clock['now'] += seconds
     return run
   times = inter.interleaved({'fast': side('fast', 0.001), 'slow': side('slow', 0.02)}, alternations=2,
-                            warmup=False, pause=0.0, min_time=0.005)
-  # up to 3 calibration calls (one for a side longer than min_time), then the same reps > 1 on each side
-  assert calls['fast'] - 3 == calls['slow'] - 1 > 2
-  assert all(t >= 0.001 for t in times['fast']) and all(t >= 0.02 for t in times['slow'])   # per call, not per rep
-  assert max(times['fast']) < min(times['slow'])
+                            warmup=False, pause=0.25, min_time=0.005)
+  # 3 calibration calls of the fast side, 1 of the slow (longer than min_time), then 5 back-to-back calls of each
+  # side per alternation, their mean recorded
+  assert calls == {'fast': 3 + 2 * 5, 'slow': 1 + 2 * 5}
+  np = pytest.importorskip('numpy')
+  np.testing.assert_allclose(times['fast'], [0.001, 0.001])
+  np.testing.assert_allclose(times['slow'], [0.02, 0.02])
