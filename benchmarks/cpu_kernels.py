@@ -76,21 +76,12 @@ def _case(kind: str, shape: tuple, batch: int, alternations: int) -> dict:
     got = np.asarray(f(ja, jb))
     if float(np.abs(got - want).max()) > 1e-4 * scale:
       raise SystemExit(f'cpu_kernels: {kind} {shape}: outputs differ from torch')
-  reps = max(1, int(4e9 // flops))  # ~20-40 ms a timed call on 2 cores
-
-  def run(f):
-    def call():
-      for _ in range(reps):
-        out = f()
-      jax.block_until_ready(out) if not hasattr(out, 'numpy') else out
-    return call
-
-  sides = {'ours': run(lambda: ours(ja, jb)), 'torch': run(ref_fn)}
+  sides = {'ours': lambda: jax.block_until_ready(ours(ja, jb)), 'torch': ref_fn}
   if kind == 'conv':
-    sides['xla_default'] = run(lambda: xla(ja, jb))
-  with torch.no_grad():
-    times = interleaved(sides, alternations=alternations, min_time=0.1)   # AlexNet's 13 px layers: 1 rep = ~10 ms
-  rate = {k: round(reps * flops / float(np.median(v)) / 1e9, 1) for k, v in times.items()}
+    sides['xla_default'] = lambda: jax.block_until_ready(xla(ja, jb))
+  with torch.no_grad():   # each round: back-to-back calls for >= 0.1 s (interleaved's min_time; ~10 ms a call here)
+    times = interleaved(sides, alternations=alternations, min_time=0.1)
+  rate = {k: round(flops / float(np.median(v)) / 1e9, 1) for k, v in times.items()}
   out = {'kind': kind, 'shape': list(shape), 'batch': batch if kind == 'conv' else None, 'gflops': rate,
          'ours_vs_torch': round(rate['ours'] / rate['torch'], 3)}
   if kind == 'conv':

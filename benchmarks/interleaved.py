@@ -92,7 +92,7 @@ def compare(ours: list[float], ref: list[float], work: float | None = None, unit
 def sgemm_gflops(m: int, k: int, n: int, alternations: int = 3) -> dict:
   """This box's float32 matmul rate now for an (m, k) x (k, n) product, GFLOP/s: {'xla': our programs' dot (jitted
   jnp.matmul), 'numpy': NumPy's BLAS, 'torch': PyTorch's (when installed), 'best': the largest}; interleaved,
-  each call repeated to ~20 ms of work. The roofline of a row whose both sides are matrix products. On an
+  each round's calls back to back for >= MIN_TIME_S. The roofline of a row whose both sides are matrix products. On an
   accelerator only 'xla' is measured (on the device, the row's rate; a host BLAS is not that device's roofline):
   pass the row's own shape there (a small product leaves a GPU idle and would understate its rate)."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -100,7 +100,6 @@ def sgemm_gflops(m: int, k: int, n: int, alternations: int = 3) -> dict:
   from visim_jax.core import cpu_kernels  # pylint: disable=g-import-not-at-top
   on_cpu = jax.default_backend() == 'cpu'
   flops = 2.0 * m * k * n
-  reps = max(1, int((4e9 if on_cpu else 4e12) // flops))
   if on_cpu:
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
@@ -109,17 +108,17 @@ def sgemm_gflops(m: int, k: int, n: int, alternations: int = 3) -> dict:
     ka, kb = jax.random.split(jax.random.key(0))
     ja, jb = jax.random.normal(ka, (m, k), jnp.float32), jax.random.normal(kb, (k, n), jnp.float32)
   mm = cpu_kernels.jit(jnp.matmul)
-  sides = {'xla': lambda: [jax.block_until_ready(mm(ja, jb)) for _ in range(reps)]}
+  sides = {'xla': lambda: jax.block_until_ready(mm(ja, jb))}
   if on_cpu:
-    sides['numpy'] = lambda: [a @ b for _ in range(reps)]
+    sides['numpy'] = lambda: a @ b
     try:
       import torch  # pylint: disable=g-import-not-at-top
       ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-      sides['torch'] = lambda: [ta @ tb for _ in range(reps)]
+      sides['torch'] = lambda: ta @ tb
     except ImportError:
       pass
   times = interleaved(sides, alternations)
-  out = {k_: reps * flops / float(np.median(v)) / 1e9 for k_, v in times.items()}
+  out = {k_: flops / float(np.median(v)) / 1e9 for k_, v in times.items()}
   out['best'] = max(out.values())
   out['shape'] = [m, k, n]
   out['backend'] = jax.default_backend()
