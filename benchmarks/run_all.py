@@ -16,7 +16,7 @@ alternations, the load average when measured). The table goes into benchmarks/RE
 of every script into benchmarks/results_all.json. A script that fails or times out gets a row saying so.
 
 --gpu runs GPU_PLAN instead: each entry one script with GPU sizes chosen to finish, its own budget (a subprocess
-timeout; the budgets add up to at most GPU_TOTAL_S = 1200 s, in GPU_CALLS parts of at most GPU_CALL_S = 540 s,
+timeout; the budgets add up to at most GPU_TOTAL_S = 1620 s, in GPU_CALLS parts of at most GPU_CALL_S = 540 s,
 one lent-device call each), the float32 precision of both sides set explicitly
 ($VISIM_BENCH_PRECISION -> benchmarks/precision.py) and written in its JSON. Each script's progress lines are
 echoed as they come, and its JSON is printed and appended to benchmarks/results_gpu.jsonl as soon as it finishes,
@@ -90,9 +90,9 @@ PRESETS = {
 # (40-90 s) every entry but metrics (32 s) was cut; search took 54 s; twoafc's NumPy reference over 2M triplets x
 # 2048-D gathers ~50 GB a call (minutes: now 200k triplets) and simnet printed nothing in 60 s (now float32 only:
 # the table's row). One device call runs at most 600 s and a session has ~870 s of device time after the start,
-# so the plan runs in GPU_CALLS parts (`--only=` a part's names), each within GPU_CALL_S: part 1 and 2 in one
-# session, part 3 in the next.
-GPU_TOTAL_S = 1200
+# so the plan runs in GPU_CALLS parts (`--only=` a part's names), each within GPU_CALL_S: the full-size tuning
+# presets first (part 1), then the others, two parts a session at most.
+GPU_TOTAL_S = 1620
 GPU_CALL_S = 540
 GPU_PLAN = (
     ('pipeline', 'pipeline', ['--files=1024', '--batch=256', '--dtype=bfloat16', '--repeats=2', '--alternations=2'],
@@ -115,12 +115,17 @@ GPU_PLAN = (
     ('metrics', 'metrics', ['--size=256', '--pairs=512', '--batch=128'], 60, 'fp32'),
     # ViT-B/16 LoRA step vs PyTorch + peft, bfloat16 compute on both sides (the script's preset; it stops at 80 s)
     ('tune_step_vitb16_lora', 'tune_step', ['--gpu_preset'], 90, 'fp32'),
+    # the full-size tuning steps (issue 43): DreamSim's default ensemble LoRA at batch 16 vs PyTorch + peft, and
+    # AligNet's full SigLIP-B/16-sized step at batch 512 (ours alone, MFU against the card's bf16 peak)
+    ('tune_step_ensemble', 'tune_step', ['--preset=ensemble'], 160, 'fp32'),
+    ('tune_step_alignet', 'tune_step', ['--preset=alignet'], 200, 'fp32'),
 )
 # the plan in device calls: each part's budgets add up to at most GPU_CALL_S (one part a call: --only=its names)
 GPU_CALLS = (
+    ('tune_step_ensemble', 'tune_step_alignet', 'tune_step_vitb16_lora'),   # first: the full-size tuning presets
     ('search', 'twoafc', 'simnet', 'histograms_imagenet', 'adapt_tll', 'metrics'),
     ('pipeline', 'extract_lite0', 'extract_clip_b32'),
-    ('extract_siglip_dreamsim', 'lpips', 'learn_triplets', 'tune_step_vitb16_lora'),
+    ('extract_siglip_dreamsim', 'lpips', 'learn_triplets'),
 )
 GPU_BEGIN, GPU_END = '<!-- run_all_gpu:begin -->', '<!-- run_all_gpu:end -->'
 # what an entry needs beyond jax / torch, checked before it starts (find_spec: nothing is imported): an entry whose

@@ -1,6 +1,8 @@
-r"""A LoRA training step of a ViT: ours (training/tower_step.py, jitted) vs PyTorch + peft, the same work, interleaved.
+r"""A LoRA / full training step of a ViT tower: ours (training/tower_step.py, jitted) vs PyTorch + peft, interleaved.
 
   python benchmarks/tune_step.py --gpu_preset              # ViT-B/16, bfloat16 both sides, batch 32 triplets (GPU)
+  python benchmarks/tune_step.py --preset=ensemble         # DreamSim's default: 3 ViT-B/16 members, LoRA, batch 16
+  python benchmarks/tune_step.py --preset=alignet          # AligNet: SigLIP-B/16-sized ViT, full tuning, batch 512
   python benchmarks/tune_step.py --arch=tiny --batch=4     # a tiny ViT on a CPU (seconds; the tests run it)
 
 The work (DreamSim's recipe, configs/train_*_lora.yaml): a DINO-layout ViT (timm names: fused `qkv`, exact GELU,
@@ -13,10 +15,20 @@ DreamSim's hinge (margin 0.05) on d0 - d1, Adam lr 3e-4 betas (0.5, 0.999), `--s
   reference  peft.get_peft_model(LoraConfig(r, alpha, target_modules=['qkv'])) on the same torch ViT (a plain
              LoRA Linear when peft is not installed: said in the JSON), torch.optim.Adam, torch.autocast(bfloat16)
              for `--dtype=bfloat16`, a Python loop; cuda when available
+`--members=3` (the `ensemble` preset): three such ViTs with their own random weights, the three CLS features
+concatenated (DreamSim's ensemble embedding; its CLIP / OpenCLIP members differ in layout, a pre-LayerNorm and a
+768 -> 512 projection, not in the cost of a step), LoRA on every member's qkv, batch 16 triplets in bfloat16.
+`--tune=full` (the `alignet` preset): every weight trains (AligNet's configs/siglip.py: batch 512 triplets in
+micro-batches of `--micro_batch` with gradient accumulation, rematerialised blocks, Adam 3e-5, bfloat16 compute);
+a ViT-B/16 of SigLIP's size (196 tokens, no CLS; the MAP head's cost is below 1%); there is no PyTorch reference
+for it (AligNet's code is JAX): ours alone, `--alternations` timed calls.
 Before timing, one step of each side from the same LoRA factors gives the same loss (rtol 2e-2 in bfloat16, 1e-4 in
 float32). Each side's callable blocks until its result is computed; interleaved A B B A (benchmarks/interleaved.py),
-median and spread, images per second (3 per triplet). Prints one JSON object; `--budget_s` stops adding alternations
-once it is spent (the GPU plan's limit).
+median and spread, images per second (3 per triplet). Model FLOP utilisation (`mfu`): the step's model FLOPs (the
+ViT's matrix products and attention counted from its shapes: forward, the backward's activation gradients, and for
+full tuning the weight gradients; rematerialisation not counted) over the median time, against the card's dense
+bfloat16 peak (`PEAK_TFLOPS`, by device kind) or, on a CPU, the box's SGEMM rate measured in the same run.
+Prints one JSON object; `--budget_s` stops adding alternations once it is spent (the GPU plan's limit).
 """
 from __future__ import annotations
 
@@ -46,7 +58,47 @@ _ALT = flags.DEFINE_integer('alternations', 3, 'Timed (ours, reference) pairs, t
 _DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Compute dtype of both sides.')
 _BUDGET = flags.DEFINE_float('budget_s', 0.0, 'Stop adding alternations after this many seconds (0: none).')
 _THREADS = flags.DEFINE_integer('torch_threads', 0, "PyTorch's intra-op threads on a CPU (0: os.cpu_count()).")
+_PRESET = flags.DEFINE_enum('preset', '', ['', 'vit_b16', 'ensemble', 'alignet'],
+                            "GPU presets (module docstring); '' = the flags as given.")
+_MEMBERS = flags.DEFINE_integer('members', 1, 'ViT towers whose CLS features are concatenated (DreamSim: 3).')
+_TUNE = flags.DEFINE_enum('tune', 'lora', ['lora', 'full'], 'LoRA on qkv (DreamSim) or every weight (AligNet).')
+_MICRO = flags.DEFINE_integer('micro_batch', 0, 'Triplets a pass (gradient accumulation; 0: the whole batch).')
+_REMAT = flags.DEFINE_bool('remat', False, 'Rematerialise every block in the backward pass (ours).')
 R, ALPHA, MARGIN, LR, BETAS = 16, 8.0, 0.05, 3e-4, (0.5, 0.999)
+# dense bfloat16 peaks (TFLOP/s) by jax device_kind substring, from the vendors' data sheets (SXM / per chip)
+PEAK_TFLOPS = {'H200': 989.0, 'H100': 989.0, 'A100': 312.0, 'L4': 121.0, 'A10': 125.0, 'TPU v4': 275.0,
+               'TPU v5 lite': 197.0, 'TPU v5e': 197.0, 'TPU v5p': 459.0, 'TPU v5': 459.0, 'TPU v6 lite': 918.0}
+# preset -> flag values (the GPU plan's rows)
+PRESETS = {
+    'vit_b16': dict(arch='b16', batch=32, steps=5, dtype='bfloat16', alternations=3, budget_s=80.0),
+    'ensemble': dict(arch='b16', members=3, batch=16, steps=5, dtype='bfloat16', alternations=3, budget_s=120.0),
+    'alignet': dict(arch='b16', tune='full', batch=512, micro_batch=64, remat=True, steps=1, dtype='bfloat16',
+                    alternations=3, budget_s=150.0),
+}
+
+
+def vit_forward_flops(arch, images: int, cls: bool = True) -> float:
+  """FLOPs of a ViT's forward on `images` (its matrix products and attention; LayerNorm, GELU, softmax not
+  counted): per block 24 T D^2 (qkv 6, proj 2, MLP 16 at ratio 4) + 4 T^2 D (scores and values), + the patch
+  embedding 2 T (3 p^2) D; T tokens (+1 for a CLS)."""
+  t = (arch.image_size // arch.patch) ** 2 + int(cls)
+  d = arch.width
+  block = 2 * t * d * (3 * d + d + 2 * arch.mlp_ratio * d) + 4 * t * t * d
+  return float(images) * (arch.depth * block + 2 * t * 3 * arch.patch ** 2 * d)
+
+
+def model_flops(arch, members: int, images: int, tune: str) -> float:
+  """A training step's model FLOPs: forward + the backward's activation gradients (= forward), + the weight
+  gradients (= forward) when every weight trains (LoRA's factors cost < 1%); recomputation (remat) not counted."""
+  return vit_forward_flops(arch, images) * members * (3 if tune == 'full' else 2)
+
+
+def peak_tflops(device) -> float | None:
+  kind = getattr(device, 'device_kind', '')
+  for k in sorted(PEAK_TFLOPS, key=len, reverse=True):
+    if k.lower() in kind.lower():
+      return PEAK_TFLOPS[k]
+  return None
 
 
 def torch_vit(arch, seed: int = 0):
@@ -111,8 +163,9 @@ def torch_vit(arch, seed: int = 0):
   return ViT(arch)
 
 
-def setup(arch, batch: int, dtype: str, steps: int):
-  """(ours(), reference(), first-step losses, what the reference is)."""
+def setup(arch, batch: int, dtype: str, steps: int, members: int = 1, tune: str = 'lora', micro: int = 0,
+          remat: bool = False):
+  """(ours(), reference() or None, first-step losses, what the reference is, device)."""
   import torch
   from visim_jax.backbones import vit
   from visim_jax.core import sharding
@@ -120,22 +173,41 @@ def setup(arch, batch: int, dtype: str, steps: int):
   from visim_jax.training import tower_step
   dev = 'cuda' if torch.cuda.is_available() else 'cpu'
   torch.set_num_threads(_THREADS.value or os.cpu_count() or 1)
-  model = torch_vit(arch)
-  sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-  variables = jax.tree.map(jnp.asarray, vit.to_flax(sd, 'benchmark'))
+  towers = [torch_vit(arch, seed=i) for i in range(members)]
+  model = towers[0] if members == 1 else _Concat(towers)
+  sds = [{k: v.detach().numpy() for k, v in t.state_dict().items()} for t in towers]
+  if members == 1:
+    variables = jax.tree.map(jnp.asarray, vit.to_flax(sds[0], 'benchmark'))
+    apply_fn = lambda v, x: vit.apply_vit(arch, v, x)
+    layers = (f'block{arch.depth}',)
+  else:   # DreamSim's ensemble: each member applied to its own subtree, the CLS features concatenated
+    variables = {'params': {f'm{i}': jax.tree.map(jnp.asarray, vit.to_flax(sd, 'benchmark'))['params']
+                            for i, sd in enumerate(sds)}}
+
+    def apply_fn(v, x):
+      feats = [vit.apply_vit(arch, {'params': v['params'][f'm{i}']}, x)[1][f'block{arch.depth}'][:, 0]
+               for i in range(members)]
+      cat = jnp.concatenate(feats, -1)
+      return cat, {'concat': cat}
+    layers = ('final',)
   pre = vit.preprocess_for('vit', 'seed', arch.image_size)
-  backbone = type('B', (), {'apply_fn': staticmethod(lambda v, x: vit.apply_vit(arch, v, x)), 'preprocess': pre,
-                            'layers': (f'block{arch.depth}',)})
+  backbone = type('B', (), {'apply_fn': staticmethod(apply_fn), 'preprocess': pre, 'layers': layers})
   tower = tower_step.tower(backbone)
-  hp = tower_step.Hparams(tune='lora', lora=lora.Config(R, ALPHA, 0.0, ('qkv',)), loss='hinge', margin=MARGIN,
-                          lr=LR, b1=BETAS[0], b2=BETAS[1], compute_dtype=dtype, steps=10**6)
+  accum = batch // micro if micro else 1
+  if tune == 'full':   # AligNet: every weight, Adam 3e-5 (b1 0.9), decay towards the pretrained weights
+    hp = tower_step.Hparams(tune='full', loss='hinge', margin=MARGIN, lr=3e-5, b1=0.9, b2=0.999, weight_decay=1.0,
+                            compute_dtype=dtype, steps=10**6, accum_steps=accum, remat=remat)
+  else:
+    hp = tower_step.Hparams(tune='lora', lora=lora.Config(R, ALPHA, 0.0, ('qkv',)), loss='hinge', margin=MARGIN,
+                            lr=LR, b1=BETAS[0], b2=BETAS[1], compute_dtype=dtype, steps=10**6, accum_steps=accum,
+                            remat=remat)
   mesh = sharding.train_mesh(1)
   state, frozen = tower_step.init_state(hp, tower, variables)
   rng = np.random.RandomState(0)
   s = arch.image_size
   images = rng.randint(0, 256, (batch, 3, s, s, 3)).astype(np.uint8)
   judge = rng.randint(0, 2, batch).astype(np.float32)
-  a0 = {k: np.asarray(v['a']) for k, v in state.trainable['lora'].items()}
+  a0 = ({k: np.asarray(v['a']) for k, v in state.trainable['lora'].items()} if tune == 'lora' else {})
   state, frozen, jbatch = tower_step.place(mesh, state, frozen, tower_step.Batch(images, judge))
   program = tower_step.step_program(hp, tower, mesh)
   box = {'state': state}
@@ -148,6 +220,8 @@ def setup(arch, batch: int, dtype: str, steps: int):
     box['state'] = st
     return float(m['loss'])
 
+  if tune == 'full' or micro:
+    return ours, None, {'ours': ours(1)}, 'none (ours alone)', dev
   # the reference: peft's LoRA (or a plain one) on the same weights, the same A factors, B = 0
   try:
     import peft
@@ -158,7 +232,8 @@ def setup(arch, batch: int, dtype: str, steps: int):
     with torch.no_grad():
       for n, m in loras.items():
         i = int(n.split('blocks.')[1].split('.')[0])
-        m.lora_A['default'].weight.copy_(torch.from_numpy(a0[f'blocks_{i}/attn/qkv'].T))
+        key = f'blocks_{i}/attn/qkv' if members == 1 else f'm{n.split("towers.")[1].split(".")[0]}/blocks_{i}/attn/qkv'
+        m.lora_A['default'].weight.copy_(torch.from_numpy(a0[key].T))
   except ImportError:
     pm, kind = _plain_lora(model, a0), 'a plain LoRA Linear (peft is not installed)'
   pm = pm.to(dev)
@@ -187,6 +262,21 @@ def setup(arch, batch: int, dtype: str, steps: int):
   return ours, reference, first, kind, dev
 
 
+def _Concat(towers):
+  """The torch ensemble: forward(x) = the members' CLS features concatenated (`towers.<i>` names)."""
+  import torch
+  from torch import nn
+
+  class Concat(nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.towers = nn.ModuleList(towers)
+
+    def forward(self, x):
+      return torch.cat([t(x) for t in self.towers], -1)
+  return Concat()
+
+
 def _plain_lora(model, a0):
   import torch
   from torch import nn
@@ -201,8 +291,11 @@ def _plain_lora(model, a0):
     def forward(self, x):
       return self.base(x) + (x @ self.a.T @ self.b.T) * (ALPHA / R)
   model.requires_grad_(False)
-  for i, blk in enumerate(model.blocks):
-    blk.attn.qkv = LoraLinear(blk.attn.qkv, a0[f'blocks_{i}/attn/qkv'])
+  towers = list(model.towers) if hasattr(model, 'towers') else [model]
+  for t, tower in enumerate(towers):
+    for i, blk in enumerate(tower.blocks):
+      key = f'blocks_{i}/attn/qkv' if len(towers) == 1 else f'm{t}/blocks_{i}/attn/qkv'
+      blk.attn.qkv = LoraLinear(blk.attn.qkv, a0[key])
   return model
 
 
@@ -211,21 +304,25 @@ def main(argv):
   t0 = time.time()
   from visim_jax.backbones import vit
   prec = precision.apply()
-  gpu = _GPU.value
-  arch = vit.TINY if (_ARCH.value == 'tiny' and not gpu) else vit.ARCHS['dino_vitb16']
-  batch, steps = (32, 5) if gpu else (_BATCH.value, _STEPS.value)
-  dtype = 'bfloat16' if gpu else _DTYPE.value
-  alternations, budget = (3, 80.0) if gpu else (_ALT.value, _BUDGET.value)
-  ours, ref, first, kind, dev = setup(arch, batch, dtype, steps)
+  preset = 'vit_b16' if _GPU.value else _PRESET.value
+  f = {'arch': _ARCH.value, 'batch': _BATCH.value, 'steps': _STEPS.value, 'dtype': _DTYPE.value,
+       'alternations': _ALT.value, 'budget_s': _BUDGET.value, 'members': _MEMBERS.value, 'tune': _TUNE.value,
+       'micro_batch': _MICRO.value, 'remat': _REMAT.value}
+  if preset:
+    f.update(PRESETS[preset])
+  arch = vit.TINY if f['arch'] == 'tiny' else vit.ARCHS['dino_vitb16']
+  batch, steps, dtype = f['batch'], f['steps'], f['dtype']
+  ours, ref, first, kind, dev = setup(arch, batch, dtype, steps, f['members'], f['tune'], f['micro_batch'],
+                                      f['remat'])
   tol = 2e-2 if dtype == 'bfloat16' else 1e-4
-  if not math.isclose(first['ours'], first['reference'], rel_tol=tol, abs_tol=tol * 1e-2):
+  if ref is not None and not math.isclose(first['ours'], first['reference'], rel_tol=tol, abs_tol=tol * 1e-2):
     raise SystemExit(f'first-step losses differ: {first}')
-  sides = {'ours': ours, 'reference': ref}
-  for f in sides.values():   # warm-up: compiled, cuDNN tuned
-    f()
+  sides = {'ours': ours} if ref is None else {'ours': ours, 'reference': ref}
+  for fn in sides.values():   # warm-up: compiled, cuDNN tuned
+    fn()
   times = {k: [] for k in sides}
-  for i in range(alternations):   # interleaved.interleaved's A B, B A, ... with a time budget
-    if i and budget and time.time() - t0 > budget * 0.75:
+  for i in range(f['alternations']):   # interleaved.interleaved's A B, B A, ... with a time budget
+    if i and f['budget_s'] and time.time() - t0 > f['budget_s'] * 0.75:
       break
     for k in (list(sides) if i % 2 == 0 else list(sides)[::-1]):
       time.sleep(getattr(interleaved, 'PAUSE_S', 0.0))   # the other side's worker threads idle first
@@ -233,14 +330,33 @@ def main(argv):
       sides[k]()
       times[k].append(time.perf_counter() - t)
   images = steps * batch * 3
-  stats = interleaved.compare(times['ours'], times['reference'], work=images, unit='images')
-  name = f'ViT-{"B/16" if arch.width == 768 else "tiny"} LoRA step ({dtype}, batch {batch} triplets)'
-  res = {'benchmark': 'tune_step', 'arch': 'b16' if arch.width == 768 else 'tiny', 'batch_triplets': batch,
+  size = 'B/16' if arch.width == 768 else 'tiny'
+  name = (f'ViT-{size} {"x" + str(f["members"]) + " ensemble " if f["members"] > 1 else ""}'
+          f'{"full" if f["tune"] == "full" else "LoRA"} step ({dtype}, batch {batch} triplets'
+          f'{", micro-batches of " + str(f["micro_batch"]) if f["micro_batch"] else ""}'
+          f'{", remat" if f["remat"] else ""})')
+  # model FLOP utilisation of our step: against the card's bf16 peak, or this CPU's SGEMM rate measured now
+  flops = model_flops(arch, f['members'], steps * batch * 3, f['tune'])
+  t_ours = float(np.median(times['ours']))
+  peak = peak_tflops(jax.devices()[0])
+  if peak is None and jax.default_backend() == 'cpu':
+    peak = interleaved.sgemm_gflops(1024, 768, 3072, alternations=2)['best'] / 1e3
+  mfu = {'model_flops_per_step': flops / steps, 'achieved_tflops': flops / t_ours / 1e12, 'peak_tflops': peak,
+         'mfu': (flops / t_ours / 1e12 / peak) if peak else None,
+         'peak_source': ('data sheet, dense bf16' if peak_tflops(jax.devices()[0]) else 'this CPU\'s SGEMM now')}
+  if ref is None:
+    stats = {'ours_median_s': t_ours, 'ours_s': times['ours'], 'images_per_s': images / t_ours}
+    rows = []
+  else:
+    stats = interleaved.compare(times['ours'], times['reference'], work=images, unit='images')
+    rows = [interleaved.row(name, stats, 'ours: tower_step jitted', f'PyTorch + {kind}', 'images')]
+  res = {'benchmark': 'tune_step', 'preset': preset or None, 'name': name,
+         'arch': 'b16' if arch.width == 768 else 'tiny', 'members': f['members'], 'tune': f['tune'],
+         'batch_triplets': batch, 'micro_batch': f['micro_batch'], 'remat': f['remat'],
          'steps_per_call': steps, 'dtype': dtype, 'device': dev, 'jax_backend': jax.default_backend(),
-         'precision': prec, 'reference': kind,
+         'device_kind': getattr(jax.devices()[0], 'device_kind', ''), 'precision': prec, 'reference': kind,
          'torch_threads': __import__('torch').get_num_threads(), 'first_step_loss': first, 'stats': stats,
-         'rows': [interleaved.row(name, stats, 'ours: tower_step jitted', f'PyTorch + {kind}', 'images')],
-         'wall_s': time.time() - t0}
+         'images_per_s_ours': images / t_ours, 'mfu': mfu, 'rows': rows, 'wall_s': time.time() - t0}
   print(json.dumps(res, indent=1, default=float))
 
 
