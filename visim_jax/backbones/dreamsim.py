@@ -257,10 +257,15 @@ def to_flax(branches, sd: dict, where: str = 'weights') -> dict:
 
 # --------------------------------------------------------------------------------------------- conversion
 
-def read_lora_config(path: str) -> tuple[float, int]:
-  """(scale, r) of a peft LoRA adapter_config.json; refuses what a merge W + scale * B A does not express."""
+PEFT_TARGETS = ('qkv', 'proj', 'fc1', 'fc2')   # the Linear modules of a DINO-layout block a peft adapter may name
+
+
+def read_peft_config(path: str, allowed: Sequence[str] = ('qkv',)) -> dict:
+  """A peft LoRA adapter_config.json -> {'r', 'alpha', 'dropout', 'targets', 'rslora', 'scale'}; refuses what a
+  plain W + scale * B A on the `allowed` modules does not express, naming the file and field."""
   if not os.path.isfile(path):
-    raise UserError(f'{path}: not found (the LoRA adapter config DreamSim writes beside adapter_model.*)')
+    raise UserError(f'{path}: not found (the LoRA adapter config peft\'s save_pretrained writes beside '
+                    'adapter_model.*)')
   cfg = readers.read_json(path, dict, 'LoRA adapter config')
   for field in ('r', 'lora_alpha'):
     if not isinstance(cfg.get(field), (int, float)) or cfg[field] <= 0:
@@ -269,16 +274,26 @@ def read_lora_config(path: str) -> tuple[float, int]:
     raise UserError(f'{path}: peft_type {cfg["peft_type"]!r}; only LORA adapters can be merged')
   targets = cfg.get('target_modules')
   targets = [targets] if isinstance(targets, str) else list(targets or [])
-  if targets != ['qkv']:
-    raise UserError(f'{path}: target_modules {targets}; DreamSim adapters target ["qkv"] only')
+  if not targets or not set(targets) <= set(allowed):
+    raise UserError(f'{path}: target_modules {targets}; DreamSim adapters target ["qkv"] only' if list(allowed) ==
+                    ['qkv'] else f'{path}: target_modules {targets}; expected some of {list(allowed)}')
   refused = {'bias': lambda v: v not in (None, 'none'), 'use_dora': bool, 'fan_in_fan_out': bool,
              'modules_to_save': bool, 'rank_pattern': bool, 'alpha_pattern': bool, 'layers_to_transform': bool}
   for field, bad in refused.items():
     if bad(cfg.get(field)):
       raise UserError(f'{path}: {field}={cfg[field]!r} is not supported (a plain LoRA merge W + scale * B A)')
-  r = int(cfg['r'])
-  scale = cfg['lora_alpha'] / (np.sqrt(r) if cfg.get('use_rslora') else r)
-  return float(scale), r
+  dropout = cfg.get('lora_dropout') or 0.0
+  if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+    raise UserError(f'{path}: lora_dropout {dropout!r}; expected a probability in [0, 1)')
+  r, rslora = int(cfg['r']), bool(cfg.get('use_rslora'))
+  return {'r': r, 'alpha': float(cfg['lora_alpha']), 'dropout': float(dropout), 'targets': sorted(set(targets)),
+          'rslora': rslora, 'scale': float(cfg['lora_alpha'] / (np.sqrt(r) if rslora else r))}
+
+
+def read_lora_config(path: str) -> tuple[float, int]:
+  """(scale, r) of a DreamSim adapter_config.json (target_modules ['qkv'])."""
+  cfg = read_peft_config(path)
+  return cfg['scale'], cfg['r']
 
 
 def merge_lora(weight: np.ndarray, a: np.ndarray, b: np.ndarray, scale: float) -> np.ndarray:
