@@ -144,6 +144,9 @@ def test_export_peft_then_peft_and_tuned_load_it(base, images, tmp_path):
   np.testing.assert_allclose(_ours(from_peft, images), want, rtol=1e-5, atol=1e-5)
   for a, b in zip(jax.tree.leaves(from_peft.variables), jax.tree.leaves(from_npz.variables)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))   # the same merged tower
+  from visim_jax import api
+  m = api.load(f'tuned:{folder}', fetch=False)   # the zoo's spec, as the leaderboard builds it
+  assert m.kind == 'tuned' and m.similarity.backbone.weights_id.startswith('tuned:')
   # refusals, one line each
   os.remove(os.path.join(folder, 'visim_jax.json'))
   with pytest.raises(UserError, match=re.escape(f'tuned:{folder}@dino_vitb16') + '.*does not fit a tower of no'):
