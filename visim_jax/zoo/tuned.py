@@ -45,6 +45,8 @@ def tuned_backbone(spec: str, path: str, option: str = '', base=None):
     raise bad(spec, str(e)) from None
   if base is None:
     base, _ = backbone_from(spec, meta['backbone'], None, meta.get('weights_sha256'))
+  if meta.get('weights_sha256') is None:   # a peft folder DreamSim wrote: the base it was applied to, recorded
+    meta = {**meta, 'weights_sha256': base.weights_id}           # (the feature cache's identity holds it)
   tower = tower_step.tower(base, feature=meta.get('feature') or None, head=meta.get('head', 'identity'),
                            head_size=int(meta.get('head_size') or 0))
   lcfg = meta.get('lora') or {}
