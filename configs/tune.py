@@ -13,10 +13,10 @@ then rank the result:
 Default: DreamSim's configs/train_ensemble_model_lora.yaml on NIGHTS (votes >= 6, train split; held-out = val):
 LoRA on every block's fused `qkv` of the DINO + CLIP + OpenCLIP ViT-B/16 ensemble, r 16, alpha 8, dropout 0.3, hinge
 margin 0.05 on 1 - cos of the concatenated branch features, Adam lr 3e-4 betas (0.5, 0.999), batch 16, 6 epochs,
-seed 1234 (the zoo has no un-tuned DINO-layout ensemble yet: the default starts from DreamSim's released ensemble,
-LoRA already merged, i.e. the recipe continued, not repeated; docs/tuning.md). `:single`:
-configs/train_single_model_lora.yaml from the pretrained DINO ViT-B/16 (`dino_vitb16`, feature 'cls' = block 12's
-token 0 before the final LayerNorm), r 16, alpha 32, dropout 0.2, batch 32, 8 epochs. `:full`: AligNet's configs/siglip.py (the whole SigLIP B/16 + a 1024-d affine head, JSD tau 100
+seed 1234, from DreamSim's starting point `dreamsim_ensemble_pretrained` (the pretrained members in its layout, no
+LoRA; feature 'concat', not centred, as its training). `:single`: configs/train_single_model_lora.yaml from
+`dreamsim_dino_vitb16_pretrained` (torch hub DINO ViT-B/16, 'cls' = block 12's token 0 before the final LayerNorm,
+DreamSim's bicubic squash), r 16, alpha 32, dropout 0.2, batch 32, 8 epochs. `:full`: AligNet's configs/siglip.py (the whole SigLIP B/16 + a 1024-d affine head, JSD tau 100
 on raw dot products, Adam 3e-5 warm-up 5k + cosine over 100k steps, decay towards the pretrained weights 1.0,
 batch 512) on teacher triplets of an image folder ('untransformed' teacher similarities). `:local`: a tiny random
 ViT on teacher triplets of the demo photos, 12 steps. `:demo`: LoRA (r 8) on EfficientNet-Lite0's last 1x1 conv
@@ -54,7 +54,7 @@ def get_config(arg=None):
 
   # the tower (backbone fields: backbone, backbone_kwargs, layers, image_batch_size (evaluation), dtype, cache_dir)
   config_fields.add_fields(c)
-  c.backbone = 'dreamsim_ensemble'
+  c.backbone = 'dreamsim_ensemble_pretrained'   # DreamSim's starting point (the released, tuned one: dreamsim_ensemble)
   c.image_cache = True         # decoded pixels memory-mapped under <cache_dir>/images (data/pipeline.py)
   c.feature = ''               # the stage the loss compares ('' = the tower's own: DreamSim 'concat', ...)
   c.head = 'identity'          # 'identity' (DreamSim) | 'affine' (AligNet's Dense on the feature)
@@ -96,7 +96,7 @@ def get_config(arg=None):
   c.leaderboard = False        # after training: the leaderboard on the demo human sets, frozen vs tuned
 
   if arg == 'single':
-    c.backbone, c.feature = 'dino_vitb16', 'block12'   # the pretrained DINO ViT-B/16; 'cls' = block 12's token 0
+    c.backbone = 'dreamsim_dino_vitb16_pretrained'   # torch hub DINO ViT-B/16; 'concat' = 'cls' = block 12's token 0
     c.lora.update({'alpha': 32.0, 'dropout': 0.2})
     c.batch_size, c.epochs = 32, 8
   elif arg == 'full':

@@ -162,7 +162,7 @@ class RefDreamSim(nn.Module):
       pooled = F.adaptive_avg_pool2d(embed[:, 1:].reshape(n, s, s, -1).permute(0, 3, 1, 2), (1, 1)).reshape(n, -1)
       return {'embedding': torch.cat((embed[:, 0], pooled), dim=-1)}
     embed = (feats.T - torch.mean(feats, dim=1)).T  # DreamSim's normalize_embedding
-    return {'embedding': (embed.T / torch.norm(embed, dim=1)).T}
+    return {'embedding': (embed.T / torch.norm(embed, dim=1)).T, 'concat': feats}
 
   def write_cache_dir(self, folder, name, lora_alpha, r, adapter_format, extra_config=None):
     tag, branches = dreamsim.MODELS[name]
@@ -243,6 +243,31 @@ def test_patch_model_cls_and_pooled_patch_tokens(tmp_path):
   _check(tmp_path, 'dreamsim_dino_vitb16_patch', r=2, lora_alpha=4, adapter_format='safetensors')
 
 
+def test_pretrained_members_are_the_base_files_without_lora(tmp_path):
+  """DreamSim's starting points: the cache_dir's base files (the adapter beside them is not read), default stage
+  'concat' = PerceptualModel(normalize_embeds=False)'s features = the reference with its LoRA off; the single DINO
+  model from torch hub's file alone; DreamSim's bicubic squash."""
+  ref = RefDreamSim('dreamsim_ensemble', 4, 2.0, seed=3).eval()
+  folder = tmp_path / 'cache_dir'
+  ref.write_cache_dir(folder, 'dreamsim_ensemble', 8, 4, 'safetensors')
+  with torch.no_grad():
+    for b in ref.branches:
+      for blk in b.blocks:
+        blk.attn.lora_B.weight.zero_()
+  for name, n_branches in (('dreamsim_ensemble_pretrained', 3), ('dreamsim_dino_vitb16_pretrained', 1)):
+    if n_branches == 1:
+      ref.branches = ref.branches[:1]
+      for p in folder.glob('*.pth.tar'):
+        p.unlink()
+    info = convert.convert(name, str(folder), str(tmp_path / f'{name}.safetensors'), tiny=True)
+    assert info['lora'] is None and len(info['source_files']) == n_branches
+    backbone = get_backbone(name, weights=info['out'], tiny=True)
+    assert backbone.layers == ('concat',) and backbone.preprocess.interpolation == 'bicubic'
+    _, stages, want = run_both(backbone, ref, dreamsim.TINY_SIZE, n=2)
+    np.testing.assert_allclose(stages['concat'], want['concat'], atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(stages['embedding'], want['embedding'], atol=1e-5, err_msg=name)
+
+
 def test_merge_is_w_plus_scale_b_a():
   rng = np.random.default_rng(0)
   w, a, b = rng.normal(size=(6, 4)), rng.normal(size=(2, 4)), rng.normal(size=(6, 2))
@@ -272,7 +297,8 @@ def test_refusals(tmp_path):
 def test_full_size_members():
   """Other pooling stages by shape inference (the default sizes: tests/test_registry.py), DreamSim's preprocessing,
   the parameter count of a CLIP ViT-B/32 branch."""
-  assert [registry.pooled_dim(n) for n in dreamsim.MODELS] == [768 + 512 + 512, 768, 512, 512, 768, 768, 1536, 1536]
+  assert [registry.pooled_dim(n) for n in dreamsim.MODELS] == [768 + 512 + 512, 768, 512, 512, 768, 768, 1536, 1536,
+                                                                 768 + 512 + 512, 768]
   b = get_backbone('dreamsim_ensemble', abstract=True, layers='dino_patch_mean,clip_pooled,open_clip')
   assert b.layer_dims() == {'dino_patch_mean': 768, 'clip_pooled': 768, 'open_clip': 512}
   pre = b.preprocess

@@ -312,6 +312,12 @@ def test_dreamsim_release_zip_and_hub_file_converted(server, tmp_path):
   info = json.load(open(out + '.json'))
   assert hub in info['source_files'] and 'ensemble_lora/adapter_config.json' in info['source_files']
   assert get_backbone('dreamsim_ensemble', weights=out, tiny=True).weights_id == info['sha256']
+  # DreamSim's starting points from the same public files: the zip's base files + the hub file; the hub file alone
+  for name in ('dreamsim_ensemble_pretrained', 'dreamsim_dino_vitb16_pretrained'):
+    out = fetch.fetch_weights(name, progress=False, tiny=True)
+    info = json.load(open(out + '.json'))
+    assert hub in info['source_files'] and not any('_lora' in f for f in info['source_files'])
+    assert len(info['source_files']) == len(dreamsim.MODELS[name][1])
 
 
 def _safetensors() -> bytes:

@@ -179,7 +179,10 @@ def _bin_to_safetensors(path: str) -> str:
 
 
 def _dreamsim_folder(staging: str, src: sources.Source) -> str:
-  """Unpacks the release zip; the folder holding `<tag>_lora/` (DreamSim's cache_dir), the base file moved beside."""
+  """Unpacks the release zip; the folder holding `<tag>_lora/` (DreamSim's cache_dir), the base file moved beside.
+  A source without a zip (torch hub files only: dreamsim_dino_vitb16_pretrained) is its staging folder."""
+  if not src.files[0].path.endswith('.zip'):
+    return staging
   archive = os.path.join(staging, src.files[0].path)
   download.unpack(archive, staging)
   for top, dirs, _ in os.walk(staging):

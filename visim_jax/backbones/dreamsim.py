@@ -40,6 +40,15 @@ single-branch models): `dreamsim_ensemble` (dino_vitb16 cls + clip_vitb16 embedd
 `forward` = 1 - cosine of cat(CLS, mean of the patch tokens): 'embedding' is that concatenation, 1536-d, not of unit
 norm; its cosine is still 1 - DreamSim's distance).
 
+DreamSim's starting points (no LoRA: what `training/train.py` builds before `get_peft_model`, its members as
+`ViTExtractor.create_model` picks them from `--load_dir`): `dreamsim_ensemble_pretrained` (configs/
+train_ensemble_model_lora.yaml: torch hub `dino_vitb16` + `clip_vitb16_pretrain.pth.tar` (OpenAI CLIP ViT-B/16) +
+`open_clip_vitb16_pretrain.pth.tar` (OpenCLIP ViT-B/16, `laion400m_e31` in load_open_clip_as_dino.py's sanity
+check): the authors' DINO-layout files that dreamsim_ensemble_checkpoint.zip holds beside `ensemble_lora/`) and
+`dreamsim_dino_vitb16_pretrained` (train_single_model_lora.yaml: torch hub `dino_vitb16`). Same taps, per-branch
+Normalize and preprocessing as above; default stage 'concat' (PerceptualModel(normalize_embeds=False): what
+DreamSim's training loss and eval_percep.py compare, 1 - cosine of the concatenation, not centred).
+
 Stages: 'embedding' (default), 'concat' (the branch features concatenated, before the normalisation), per branch
 KEY in ('dino', 'clip', 'open_clip', 'synclr', 'dinov2'): 'KEY' (its DreamSim feature), 'KEY_pooled' (CLS after the final
 LayerNorm), 'KEY_patch_mean' (mean of the patch tokens after the final LayerNorm), 'KEY_tokens' (the last block's
@@ -109,8 +118,8 @@ def _dinov2(feat='cls'):
                 vit.Arch(8, 32, 2, 4, image_size=32, layer_scale=True), feat, IMAGENET, pos_offset=0.1)
 
 
-# name -> (adapter folder tag, branches in DreamSim's model_type order)
-MODELS: dict[str, tuple[str, tuple[Branch, ...]]] = {
+# name -> (adapter folder tag, branches in DreamSim's model_type order); tag None: no adapter (the un-tuned members)
+MODELS: dict[str, tuple[str | None, tuple[Branch, ...]]] = {
     'dreamsim_ensemble': ('ensemble', (_dino(), _clip(16), _clip(16, open_clip=True))),
     'dreamsim_dino_vitb16': ('dino_vitb16_single', (_dino(),)),
     'dreamsim_clip_vitb32': ('clip_vitb32_single', (_clip(32),)),
@@ -120,6 +129,10 @@ MODELS: dict[str, tuple[str, tuple[Branch, ...]]] = {
     # use_patch_model=True: trained through CLS and patch features (feat_type 'cls_patch')
     'dreamsim_dino_vitb16_patch': ('dino_vitb16_patch', (_dino(feat='cls_patch'),)),
     'dreamsim_dinov2_vitb14_patch': ('dinov2_vitb14_patch', (_dinov2('cls_patch'),)),
+    # DreamSim's starting points (training/train.py: PerceptualModel over ViTExtractor's pretrained members, before
+    # get_peft_model): configs/train_ensemble_model_lora.yaml's and train_single_model_lora.yaml's towers, no LoRA
+    'dreamsim_ensemble_pretrained': (None, (_dino(), _clip(16), _clip(16, open_clip=True))),
+    'dreamsim_dino_vitb16_pretrained': (None, (_dino(),)),
 }
 # DreamSim model_type -> the base file(s) its loader reads, relative to the cache_dir (first found is used)
 BASE_FILES = {
@@ -143,8 +156,15 @@ SOURCES = {
                                   'dreamsim_dino_vitb16_patch_checkpoint.zip)',
     'dreamsim_dinov2_vitb14_patch': 'DreamSim DINOv2 ViT-B/14, CLS + patch features (v0.2.1 '
                                     'dreamsim_dinov2_vitb14_patch_checkpoint.zip)',
+    'dreamsim_ensemble_pretrained': 'DreamSim\'s un-tuned ensemble: torch hub DINO ViT-B/16 + the CLIP ViT-B/16 '
+                                    '(OpenAI) and OpenCLIP ViT-B/16 (laion400m_e31) files of '
+                                    'dreamsim_ensemble_checkpoint.zip, no LoRA',
+    'dreamsim_dino_vitb16_pretrained': 'DreamSim\'s un-tuned single model: torch hub DINO ViT-B/16, no LoRA',
 }
 DEFAULT_LAYERS = ('embedding',)
+# the un-tuned members: the feature DreamSim trains and evaluates them on (PerceptualModel(normalize_embeds=False):
+# the concatenation, no centring; eval_percep.py's baseline and the training loss)
+PRETRAINED_LAYERS = ('concat',)
 IMAGE_SIZE = 224
 TINY_SIZE = 32
 
@@ -237,10 +257,15 @@ def to_flax(branches, sd: dict, where: str = 'weights') -> dict:
 
 # --------------------------------------------------------------------------------------------- conversion
 
-def read_lora_config(path: str) -> tuple[float, int]:
-  """(scale, r) of a peft LoRA adapter_config.json; refuses what a merge W + scale * B A does not express."""
+PEFT_TARGETS = ('qkv', 'proj', 'fc1', 'fc2')   # the Linear modules of a DINO-layout block a peft adapter may name
+
+
+def read_peft_config(path: str, allowed: Sequence[str] = ('qkv',)) -> dict:
+  """A peft LoRA adapter_config.json -> {'r', 'alpha', 'dropout', 'targets', 'rslora', 'scale'}; refuses what a
+  plain W + scale * B A on the `allowed` modules does not express, naming the file and field."""
   if not os.path.isfile(path):
-    raise UserError(f'{path}: not found (the LoRA adapter config DreamSim writes beside adapter_model.*)')
+    raise UserError(f'{path}: not found (the LoRA adapter config peft\'s save_pretrained writes beside '
+                    'adapter_model.*)')
   cfg = readers.read_json(path, dict, 'LoRA adapter config')
   for field in ('r', 'lora_alpha'):
     if not isinstance(cfg.get(field), (int, float)) or cfg[field] <= 0:
@@ -249,16 +274,26 @@ def read_lora_config(path: str) -> tuple[float, int]:
     raise UserError(f'{path}: peft_type {cfg["peft_type"]!r}; only LORA adapters can be merged')
   targets = cfg.get('target_modules')
   targets = [targets] if isinstance(targets, str) else list(targets or [])
-  if targets != ['qkv']:
-    raise UserError(f'{path}: target_modules {targets}; DreamSim adapters target ["qkv"] only')
+  if not targets or not set(targets) <= set(allowed):
+    raise UserError(f'{path}: target_modules {targets}; DreamSim adapters target ["qkv"] only' if list(allowed) ==
+                    ['qkv'] else f'{path}: target_modules {targets}; expected some of {list(allowed)}')
   refused = {'bias': lambda v: v not in (None, 'none'), 'use_dora': bool, 'fan_in_fan_out': bool,
              'modules_to_save': bool, 'rank_pattern': bool, 'alpha_pattern': bool, 'layers_to_transform': bool}
   for field, bad in refused.items():
     if bad(cfg.get(field)):
       raise UserError(f'{path}: {field}={cfg[field]!r} is not supported (a plain LoRA merge W + scale * B A)')
-  r = int(cfg['r'])
-  scale = cfg['lora_alpha'] / (np.sqrt(r) if cfg.get('use_rslora') else r)
-  return float(scale), r
+  dropout = cfg.get('lora_dropout') or 0.0
+  if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+    raise UserError(f'{path}: lora_dropout {dropout!r}; expected a probability in [0, 1)')
+  r, rslora = int(cfg['r']), bool(cfg.get('use_rslora'))
+  return {'r': r, 'alpha': float(cfg['lora_alpha']), 'dropout': float(dropout), 'targets': sorted(set(targets)),
+          'rslora': rslora, 'scale': float(cfg['lora_alpha'] / (np.sqrt(r) if rslora else r))}
+
+
+def read_lora_config(path: str) -> tuple[float, int]:
+  """(scale, r) of a DreamSim adapter_config.json (target_modules ['qkv'])."""
+  cfg = read_peft_config(path)
+  return cfg['scale'], cfg['r']
 
 
 def merge_lora(weight: np.ndarray, a: np.ndarray, b: np.ndarray, scale: float) -> np.ndarray:
@@ -317,8 +352,13 @@ def prepare_folder(name: str, folder: str, tiny: bool = False) -> tuple[dict, di
   tag, branches = _model(name)
   if not os.path.isdir(folder):
     raise UserError(f'--checkpoint {folder}: {name} converts from a folder (DreamSim\'s cache_dir holding '
-                    f'{tag}_lora/ and the base checkpoints), not a file')
+                    f'{f"{tag}_lora/ and " if tag else ""}the base checkpoints), not a file')
   sources: dict[str, str] = {}
+  if tag is None:   # the un-tuned members: the base files only (a LoRA folder beside them is not read)
+    tensors = {}
+    for b in branches:
+      tensors.update({f'{b.key}.{k}': v for k, v in _base_tensors(b, folder, tiny, sources).items()})
+    return tensors, {'lora': None, 'branches': [b.model_type for b in branches], 'source_files': sources}
   lora_dir = os.path.join(folder, f'{tag}_lora')
   if not os.path.isdir(lora_dir):
     raise UserError(f'--checkpoint {folder}: no {tag}_lora/ folder (the LoRA adapter of {name}); point it at '
@@ -374,7 +414,8 @@ def dreamsim_backbone(name: str, weights: str | None = None, random_init: int | 
       apply_fn=functools.partial(apply_dreamsim, branches, tiny, abstract),
       variables=variables,
       preprocess=preprocess(size),
-      layers=weights_lib.parse_layers(name, layers, DEFAULT_LAYERS, stage_names(branches)),
+      layers=weights_lib.parse_layers(name, layers, PRETRAINED_LAYERS if MODELS[name][0] is None else DEFAULT_LAYERS,
+                                      stage_names(branches)),
       weights_id=weights_id,
       labels=None,
       description=f'{SOURCES[name]} [{where}]',

@@ -191,6 +191,10 @@ _add_family('visim_jax.backbones.dreamsim:dreamsim_backbone', {
     'dreamsim_dinov2_vitb14': (768, 'DreamSim single-branch DINOv2 ViT-B/14 (LoRA merged), embedding 768-d'),
     'dreamsim_dino_vitb16_patch': (1536, 'DreamSim DINO ViT-B/16 CLS + patch model (LoRA merged), CLS + mean patch 1536-d'),
     'dreamsim_dinov2_vitb14_patch': (1536, 'DreamSim DINOv2 ViT-B/14 CLS + patch model (LoRA merged), CLS + mean patch 1536-d'),
+    'dreamsim_ensemble_pretrained': (1792, 'DreamSim\'s starting point: DINO + CLIP + OpenCLIP ViT-B/16 un-tuned, '
+                                     'concat 1792-d'),
+    'dreamsim_dino_vitb16_pretrained': (768, 'DreamSim\'s single-model starting point: DINO ViT-B/16 un-tuned, '
+                                        'block 12 CLS 768-d'),
 })
 
 

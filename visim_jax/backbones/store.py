@@ -86,6 +86,10 @@ CHECKPOINTS: dict[str, tuple[str, str]] = {
         'ensemble', 'dino_vitb16', 'clip_vitb32', 'open_clip_vitb32', 'synclr_vitb16', 'dinov2_vitb14')},
     **{f'dreamsim_{t}_patch': ('FOLDER', _DREAMSIM.format(t, ', use_patch_model=True')) for t in (
         'dino_vitb16', 'dinov2_vitb14')},
+    'dreamsim_ensemble_pretrained': ('FOLDER', _DREAMSIM.format('ensemble', '') + ' (its base files; the LoRA is '
+                                     'not read)'),
+    'dreamsim_dino_vitb16_pretrained': ('FOLDER', "torch hub's DINO file as DreamSim's load_dir holds it: "
+                                        'FOLDER/checkpoints/dino_vitbase16_pretrain.pth'),
 }
 
 

@@ -186,6 +186,11 @@ for _name, _release, _base in (
     ('dino_vitb16_patch', 'v0.2.1', _DINO), ('dinov2_vitb14_patch', 'v0.2.1', _DINOV2)):
   _zip = File(f'{_DS}/{_release}-checkpoints/dreamsim_{_name}_checkpoint.zip', f'dreamsim_{_name}_checkpoint.zip')
   WEIGHTS[f'dreamsim_{_name}'] = Source(f'dreamsim_{_name}', (_zip,) + ((_base,) if _base else ()), 'folder', '.')
+# DreamSim's starting points (training/train.py's members before LoRA): the ensemble zip's base files (the
+# authors' DINO-layout CLIP / OpenCLIP ViT-B/16) + torch hub's DINO; the single model: torch hub's DINO alone
+WEIGHTS['dreamsim_ensemble_pretrained'] = Source('dreamsim_ensemble_pretrained',
+                                                 WEIGHTS['dreamsim_ensemble'].files, 'folder', '.')
+WEIGHTS['dreamsim_dino_vitb16_pretrained'] = Source('dreamsim_dino_vitb16_pretrained', (_DINO,), 'folder', '.')
 
 # ------------------------------------------------------------------------------------------------ data
 
@@ -232,7 +237,8 @@ MB: dict[str, int] = {  # approximate download size per weights name (module doc
     'regnet_y_160': 335, 'regnet_y_320': 581,
     'dreamsim_ensemble': 1050, 'dreamsim_dino_vitb16': 350, 'dreamsim_clip_vitb32': 350,
     'dreamsim_open_clip_vitb32': 350, 'dreamsim_dinov2_vitb14': 350, 'dreamsim_synclr_vitb16': 350,
-    'dreamsim_dino_vitb16_patch': 350, 'dreamsim_dinov2_vitb14_patch': 350,
+    'dreamsim_dino_vitb16_patch': 350, 'dreamsim_dinov2_vitb14_patch': 350, 'dreamsim_ensemble_pretrained': 1050,
+    'dreamsim_dino_vitb16_pretrained': 343,
 }
 MB.update({'nights': 58000, 'bapps': 6600, 'bapps_val': 1300})   # nights.zip 58 GB (DreamSim's README); BAPPS
 

@@ -12,6 +12,16 @@ Initialisation = peft's default (`init_lora_weights=True`): A as torch.nn.Linear
 a = sqrt(5): U(-1/sqrt(fan_in), 1/sqrt(fan_in)); for a Conv kernel fan_in = kh * kw * in as torch's conv A), B zero,
 so the tuned tower starts as the pretrained one. scale = alpha / r (alpha / sqrt(r) with rslora), peft's `scaling`.
 
+peft's names (`from_peft` / `to_peft`): DreamSim wraps its PerceptualModel with `get_peft_model(LoraConfig(
+target_modules=['qkv']))` and `save_pretrained` writes adapter_model.safetensors (or .bin) with the keys
+`base_model.model.extractor_list.<i>.model.blocks.<n>.attn.qkv.lora_A.weight` (r, in) / `lora_B.weight` (out, r)
+(the live model's state dict has `lora_A.default.weight`: both are read). Branch i is the tower's i-th branch
+(dreamsim.py's keys in `model_type` order: 'dino', 'clip', 'open_clip'), so that entry is our
+'<key>/blocks_<n>/attn/qkv' with a = lora_A.T, b = lora_B.T; a plain ViT wrapped alone (no extractor_list) maps to
+'blocks_<n>/...'. The modules of a timm / DINO block: attn.qkv, attn.proj, mlp.fc1, mlp.fc2 (ours attn/qkv,
+attn/proj, fc1, fc2). to_peft writes save_pretrained's form (no adapter name), what `set_peft_model_state_dict`
+and `PeftModel.from_pretrained` read; the arrays are transposed, never rounded: a round trip is exact.
+
 Dropout (`forward` with rate > 0 and a key): peft computes y = W x + b + scale * B A dropout(x) in training, a
 dropout mask per element of the layer's INPUT (per image, per token, per channel) on the LoRA branch only. That is not
 a weight, so no merge expresses it; `forward` computes exactly peft's form instead: every flax nn.Dense / nn.Conv
@@ -32,6 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from visim_jax.core.errors import UserError
 
@@ -237,4 +248,63 @@ def from_arrays(arrays: Mapping[str, Any]) -> dict:
   bad = sorted(p for p, e in out.items() if set(e) != {'a', 'b'})
   if bad:
     raise UserError(f'lora arrays: {bad[:3]} lack a or b')
+  return out
+
+
+# ------------------------------------------------------------------------------------------------ peft's names
+
+PEFT_PREFIX = 'base_model.model.'
+_PEFT_KEY = re.compile(r'^(?:base_model\.model\.)?(?:extractor_list\.(\d+)\.model\.)?blocks\.(\d+)\.'
+                       r'(attn\.qkv|attn\.proj|mlp\.fc1|mlp\.fc2)\.lora_([AB])(?:\.default)?\.weight$')
+_TORCH_TO_OURS = {'attn.qkv': 'attn/qkv', 'attn.proj': 'attn/proj', 'mlp.fc1': 'fc1', 'mlp.fc2': 'fc2'}
+_OURS_TO_TORCH = {v: k for k, v in _TORCH_TO_OURS.items()}
+_OUR_PATH = re.compile(r'^(?:([^/]+)/)?blocks_(\d+)/(attn/qkv|attn/proj|fc1|fc2)$')
+
+
+def from_peft(state_dict: Mapping[str, Any], branches: Sequence[str] = (), where: str = 'peft adapter') -> dict:
+  """peft's LoRA tensors (module docstring) -> our tree {path: {'a': lora_A.T, 'b': lora_B.T}}; `branches`: the
+  tower's branch keys in extractor_list order (() for a plain ViT). Anything else is refused, naming `where`."""
+  out: dict = {}
+  for key, v in state_dict.items():
+    m = _PEFT_KEY.match(key)
+    if not m:
+      raise UserError(f'{where}: unexpected entry {key!r}: a LoRA adapter of a DINO-layout ViT holds '
+                      '[base_model.model.][extractor_list.I.model.]blocks.N.<attn.qkv|...>.lora_A/lora_B weights')
+    ext, block, module, ab = m.groups()
+    if bool(branches) != (ext is not None) or (ext is not None and int(ext) >= len(branches)):
+      raise UserError(f'{where}: {key!r} does not fit a tower of {len(branches) or "no"} branches '
+                      f'{list(branches)} (extractor_list index {ext})')
+    path = (f'{branches[int(ext)]}/' if ext is not None else '') + f'blocks_{block}/{_TORCH_TO_OURS[module]}'
+    w = np.asarray(v)
+    if w.ndim != 2:
+      raise UserError(f'{where}: {key!r} has shape {w.shape}; a LoRA Linear weight is a matrix')
+    e = out.setdefault(path, {})
+    k = 'a' if ab == 'A' else 'b'
+    if k in e:
+      raise UserError(f'{where}: {key!r}: lora_{ab} of {path} given twice')
+    e[k] = jnp.asarray(w.T)
+  for path, e in sorted(out.items()):
+    if set(e) != {'a', 'b'} or e['a'].shape[1] != e['b'].shape[0]:
+      raise UserError(f'{where}: {path}: needs lora_A (r, in) and lora_B (out, r) of one rank '
+                      f'(found {({k: tuple(v.shape) for k, v in e.items()})})')
+  if not out:
+    raise UserError(f'{where}: no LoRA tensors')
+  return out
+
+
+def to_peft(tree: Mapping[str, Mapping[str, Any]], branches: Sequence[str] = ()) -> dict[str, np.ndarray]:
+  """Our tree -> {peft key (save_pretrained's form): torch-layout array}: lora_A.weight = a.T (r, in),
+  lora_B.weight = b.T (out, r), exactly (no rounding). A path outside a DINO-layout block is refused."""
+  index = {k: i for i, k in enumerate(branches)}
+  out = {}
+  for path, e in sorted(tree.items()):
+    m = _OUR_PATH.match(path)
+    if not m or (m.group(1) is not None) != bool(branches) or (m.group(1) is not None and m.group(1) not in index):
+      raise UserError(f'lora: {path!r} has no peft name: peft export covers the qkv / proj / fc1 / fc2 kernels of a '
+                      f'DINO-layout ViT{f" with branches {list(branches)}" if branches else ""}')
+    branch, block, module = m.groups()
+    head = PEFT_PREFIX + (f'extractor_list.{index[branch]}.model.' if branch is not None else '')
+    name = f'{head}blocks.{block}.{_OURS_TO_TORCH[module]}'
+    out[f'{name}.lora_A.weight'] = np.ascontiguousarray(np.asarray(e['a']).T)
+    out[f'{name}.lora_B.weight'] = np.ascontiguousarray(np.asarray(e['b']).T)
   return out

@@ -32,6 +32,8 @@ A spec string names one model (`config.models` is a comma-separated list of them
                                                   embeddings, or -<e0, e1> when it was trained on dot products
   tuned:<tune workdir | tuned.npz>                the tower a `tune` run trained (LoRA merged or fully tuned,
                                                   zoo/tuned.py): its own embedding, 1 - cos
+  tuned:<peft adapter folder>[@<backbone>]        a peft LoRA folder (DreamSim's epoch_<N>/, export --format=peft;
+                                                  training/peft_file.py) merged into its tower
   lpips:alex | lpips:vgg [:tiny]                  LPIPS v0.1 (visim_jax/models/lpips.py): the images themselves are the
                                                   features (uint8 at the protocol's resolution: BAPPS 64x64 native,
                                                   224 elsewhere), the network runs inside `distance` (its spatial

@@ -8,6 +8,11 @@ tower is an ordinary Backbone whose stage 'tuned' is that embedding, weights_id 
 the feature cache, the leaderboard, `vj.load` (embed, distance, the pure apply) and the search take it as they take
 a pretrained one. Distance: 1 - cos of the embeddings (the features' cache L2-normalises rows; a run trained on dot
 products is ranked by cosine here: docs/tuning.md).
+
+`tuned:<peft adapter folder>[@<backbone>]`: a peft save_pretrained folder (adapter_config.json + adapter_model.
+safetensors | .bin; DreamSim's training writes one an epoch) read by training/peft_file.py: the LoRA merged into the
+tower it names or DreamSim's un-tuned tower it fits (`dreamsim_ensemble_pretrained`, ...), embedding with that
+tower's feature ('concat', as DreamSim's eval_percep.py). `export_peft` writes a LoRA run in that form.
 """
 from __future__ import annotations
 
@@ -23,22 +28,34 @@ from visim_jax.zoo.interface import (Similarity, backbone_from, backbone_identit
 STAGE = 'tuned'
 
 
-def tuned_backbone(spec: str, path: str):
-  """(the tuned Backbone with its 'tuned' stage, meta) of a tuned.npz."""
+def tuned_backbone(spec: str, path: str, option: str = '', base=None):
+  """(the tuned Backbone with its 'tuned' stage, meta) of a tuned.npz or of a peft adapter folder (its tower
+  `option` or as training/peft_file.py finds it); `base`: the pretrained Backbone to apply it to (default: the one
+  the meta names, its weights checked)."""
   from visim_jax.core.errors import UserError
   from visim_jax.models import lora as lora_lib
-  from visim_jax.training import tower_step, tuned_file
+  from visim_jax.training import peft_file, tower_step, tuned_file
+  sha_of = path
   try:
-    meta, trainable = tuned_file.load(path)
+    if peft_file.is_adapter(path):
+      meta, trainable, sha_of = peft_file.load(path, option)
+    else:
+      meta, trainable = tuned_file.load(path)
   except UserError as e:
     raise bad(spec, str(e)) from None
-  base, _ = backbone_from(spec, meta['backbone'], None, meta.get('weights_sha256'))
+  if base is None:
+    base, _ = backbone_from(spec, meta['backbone'], None, meta.get('weights_sha256'))
+  if meta.get('weights_sha256') is None:   # a peft folder DreamSim wrote: the base it was applied to, recorded
+    meta = {**meta, 'weights_sha256': base.weights_id}           # (the feature cache's identity holds it)
   tower = tower_step.tower(base, feature=meta.get('feature') or None, head=meta.get('head', 'identity'),
                            head_size=int(meta.get('head_size') or 0))
   lcfg = meta.get('lora') or {}
   hp = tower_step.Hparams(tune='frozen', lora=lora_lib.Config(**{**lcfg, 'targets': tuple(lcfg.get('targets', ()))}))
   if meta['tune'] == 'lora':
-    variables = lora_lib.merge_variables(base.variables, trainable['lora'], hp.lora)
+    try:
+      variables = lora_lib.merge_variables(base.variables, trainable['lora'], hp.lora)
+    except UserError as e:   # an adapter of another tower
+      raise bad(spec, f'{path}: {e} ({base.name})') from None
   elif meta['tune'] == 'full':
     variables = {**base.variables, 'params': trainable['tower']}
   else:
@@ -49,18 +66,27 @@ def tuned_backbone(spec: str, path: str):
   def apply_fn(v, x):
     final, stages = base.apply_fn(v['tower'], x)
     return final, {**stages, STAGE: tower_step.embed(hp, bare, v['head'], v['tower'], x)}
-  sha = file_sha(path)
+  sha = file_sha(sha_of)
   tuned = dataclasses.replace(base, apply_fn=apply_fn, variables={'tower': variables, 'head': head},
                               layers=(STAGE,), weights_id=f'tuned:{sha}',
                               description=f'{base.name} tuned ({meta["tune"]}) by {meta.get("workdir", path)}')
   return tuned, meta
 
 
+def _peft_folder(target: str) -> bool:
+  """A peft save_pretrained folder (DreamSim's epoch_<N>/, our export) and not a tune workdir."""
+  from visim_jax.training import peft_file
+  return peft_file.is_adapter(target) and not os.path.isfile(os.path.join(target, 'tuned.npz'))
+
+
 def model(spec, target, option, opts):
-  path = run_file(spec, 'tuned', target, option, 'tuned.npz')
-  if not os.path.isfile(path):
-    raise bad(spec, f'{path}: no tuned.npz (give the workdir of a finished tune run)')
-  backbone, meta = tuned_backbone(spec, path)
+  if _peft_folder(target):   # tuned:<peft folder>[@<backbone>]
+    path = target
+  else:
+    path = run_file(spec, 'tuned', target, option, 'tuned.npz')
+    if not os.path.isfile(path):
+      raise bad(spec, f'{path}: no tuned.npz (give the workdir of a finished tune run, or a peft adapter folder)')
+  backbone, meta = tuned_backbone(spec, path, option)
   layers = (STAGE,)
   ident = {**backbone_identity(backbone, layers), 'base_weights_sha256': meta.get('weights_sha256'),
            'tune': meta['tune']}
@@ -88,3 +114,27 @@ def export(target: str, out: str | None = None) -> str:
       flat[top + '/' + '/'.join(str(getattr(k, 'key', k)) for k in kp)] = np.asarray(v)
   runtime.write_npz(out, **flat, meta=np.asarray(json.dumps({**meta, 'merged': True}, sort_keys=True, default=str)))
   return out
+
+
+def export_peft(target: str, out: str | None = None) -> str:
+  """Writes a LoRA run's factors as a peft adapter folder (training/peft_file.py: adapter_config.json +
+  adapter_model.safetensors in DreamSim's names, what PeftModel.from_pretrained loads) at <out> (default
+  <workdir>/peft_adapter); returns the folder. A fully tuned tower or a trained head has no peft LoRA form."""
+  from visim_jax.core.errors import UserError
+  from visim_jax.training import peft_file, tuned_file
+  spec = f'tuned:{target}'
+  path = os.path.join(target, 'tuned.npz') if os.path.isdir(target) else target
+  if not os.path.isfile(path):
+    raise bad(spec, f'{path}: no tuned.npz (give the workdir of a finished tune run)')
+  try:
+    meta, trainable = tuned_file.load(path)
+  except UserError as e:
+    raise bad(spec, str(e)) from None
+  if meta['tune'] != 'lora' or 'head' in trainable:
+    raise bad(spec, f"{path}: tune={meta['tune']!r}, head={meta.get('head')!r}: only LoRA factors without a trained "
+                    "head have peft's form (write the merged weights instead: --format=merged)")
+  out = out or os.path.join(os.path.dirname(os.path.abspath(path)), 'peft_adapter')
+  try:
+    return peft_file.save(out, trainable['lora'], meta['lora'], meta)
+  except UserError as e:
+    raise bad(spec, str(e)) from None
