@@ -22,6 +22,10 @@ project's loader reads the result (`check_layout`), so a wrong layout fails here
 `--root` is the folder that receives the set's own top folder where the authors' archive has one (`nights` ->
 ROOT/nights/); a data set without a public direct URL (THINGS, TLL) is one line saying where to get it.
 
+One process at a time per weights name and per data set and root (hub/lock.py): a second one waits, then reports
+what the first one wrote. Off a terminal, a line when each file starts and one every 30 s; `--idle_s` sets the idle
+limit after which a stalled transfer is abandoned, its part kept (hub/download.py, default 30 s).
+
 Offline (VISIM_OFFLINE=1 or HF_HUB_OFFLINE=1), or a host that cannot be reached: nothing is left half-done, and the
 one line names this command, the folder it writes and the download size, to run where the network is allowed.
 """
