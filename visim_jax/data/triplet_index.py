@@ -28,7 +28,7 @@ import os
 
 import numpy as np
 
-from visim_jax.core import ops
+from visim_jax.core import ops, readers
 from visim_jax.core.errors import UserError
 
 TARGETS = ('similarities', 'odd', 'judge')
@@ -54,16 +54,13 @@ def save(path: str, s: TripletSet) -> None:
                       images=np.asarray(list(s.images), dtype=str), meta=np.asarray(json.dumps(meta, sort_keys=True)))
 
 
-def load(path: str, n_rows: int | None = None) -> TripletSet:
-  """An index file, checked (see the module docstring); n_rows: the feature table's rows (default: len(images))."""
+def load(path: str, n_rows: int | None = None, field: str = '') -> TripletSet:
+  """An index file, checked (see the module docstring); n_rows: the feature table's rows (default: len(images));
+  field: the config field that named it (its errors' head)."""
   if not os.path.isfile(path):
     raise UserError(f'{path}: triplet index file not found')
-  try:
-    with np.load(path, allow_pickle=False) as z:
-      data = {k: z[k] for k in z.files}
-  except Exception as e:  # not a zip, truncated, object arrays
-    raise UserError(f'{path}: not a readable triplet index file (.npz without pickles): '
-                    f'{" ".join(str(e).split())[:160]}') from None
+  data = readers.load_npz(path, 'triplet index file', 'write index files with learn_triplets '
+                          '--config.generate_only=True, or triplet_index.save', f'{field}: {path}' if field else '')
   kinds = [k for k in TARGETS if k in data]
   missing = [k for k in ('triplets', 'images') if k not in data]
   if missing or len(kinds) != 1:

@@ -74,8 +74,8 @@ def load_data(config, workdir: str, progress: bool = True):
     train, val = _human(config)
     paths = train.images
   elif config.source == 'files':
-    train = triplet_index.load(config.train_file)
-    val = triplet_index.load(config.val_file)
+    train = triplet_index.load(config.train_file, field='config.train_file')
+    val = triplet_index.load(config.val_file, field='config.val_file')
     if train.images != val.images:
       raise UserError(f'{config.val_file}: its image list differs from {config.train_file}\'s; both index files '
                       'must index one image list')
