@@ -60,7 +60,9 @@ def test_a_finished_workdir_is_left_as_it_was(tmp_path):
   assert 'triplets_train.npz' in before and 'head.npz' in before
   c = _folder(tmp_path)
   c.triplets.n_train = 50                       # another n_train: refused by the fingerprint, nothing rewritten
-  refused(lambda: lt.run(c, str(wd), progress=False), 'different config')
+  line = refused(lambda: lt.run(c, str(wd), progress=False), 'different config', 'the train triplets differ (int32[',
+                 ', 3] -> int32[50, 3])')
+  assert 'features' not in line, line   # the triplets differ, not the features (issue 44)
   assert _state(wd) == before
   c = _folder(tmp_path, generate_only=True)     # generate_only into a finished workdir: refused first
   refused(lambda: lt.run(c, str(wd), progress=False), 'config.generate_only', 'head.npz', 'new --workdir')

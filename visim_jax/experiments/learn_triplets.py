@@ -51,7 +51,8 @@ from visim_jax.experiments.learn_triplets_parse import (  # noqa: F401 (the gate
 def fingerprint(hp: head_step.Hparams, eval_every: int, x, train, val) -> runtime.Fingerprint:
   """The training fields, the evaluation period (it shapes the checkpointed curves) and the data."""
   return runtime.fingerprint({**dataclasses.asdict(hp), 'eval_every': eval_every},
-                             [x, train.triplets, train.target, val.triplets, val.target])
+                             {'features': x, 'train triplets': train.triplets, 'train targets': train.target,
+                              'held-out triplets': val.triplets, 'held-out targets': val.target})
 
 
 @functools.lru_cache(maxsize=8)
