@@ -88,9 +88,15 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
                       f'them); use {sharding.padded(hp.batch_size, mesh)}', hp.batch_size)
   from visim_jax.core import memory
   emb = heads.out_dim(hp.head, x.shape[1], hp.size)
-  parts = triplet_index.memory_bytes(len(train), len(val), len(x), x.shape[1], emb, hp.batch_size,
-                                      config.eval_every, 3 if train.target.ndim == 2 else 1, n_dev)
-  triplet_index.check_memory(parts, memory.limit_bytes(), triplet_index.host_memory_bytes())
+  tr, va = (('config.train_file', 'config.val_file') if config.source == 'files' else
+            ('config.triplets.n_train', 'config.triplets.n_val') if config.source in ('demo', 'folder', 'synthetic')
+            else ('the train triplets', 'the held-out triplets'))   # THINGS / NIGHTS: as published
+  est = lambda v: triplet_index.memory_bytes(v[tr], v[va], len(x), x.shape[1], emb, v['config.batch_size'],
+                                             v['config.eval_every'], 3 if train.target.ndim == 2 else 1, n_dev)
+  sizes = {tr: len(train), va: len(val), 'config.batch_size': hp.batch_size, 'config.eval_every': config.eval_every}
+  parts = est(sizes)
+  triplet_index.check_memory(parts, memory.limit_bytes(), triplet_index.host_memory_bytes(),
+                             {w: memory.drivers(lambda v, w=w: {w: est(v)[w]}, sizes) for w in ('host', 'device')})
   runtime.say(f'{len(train):,} train / {len(val):,} held-out triplets ({train.target_kind}), {len(x):,} images x '
               f'{x.shape[1]} features; head {hp.head}, loss {hp.loss}, batch {hp.batch_size} over {n_dev} device(s); '
               f'memory estimate host {parts["host"] / 2**20:,.1f} MiB, device {parts["device"] / 2**20:,.1f} MiB')
