@@ -24,7 +24,7 @@ from visim_jax.core.errors import UserError
 class Server:
   """{url path: bytes} served over HTTP with Range support; `modes[path]`: 'truncate' (half the body, then the
   connection closes; every request), 'truncate_once', 'no_range' (Range ignored: 200 and the whole body), 'delay'
-  (the body after 1 s: two fetches overlap)."""
+  (the body after 0.5 s: two fetches overlap)."""
 
   def __init__(self):
     self.files, self.modes, self.requests = {}, {}, []
@@ -85,7 +85,7 @@ class Server:
         self.send_header('ETag', etag)
         self.end_headers()
         if mode == 'delay':
-          time.sleep(1)
+          time.sleep(0.5)
         if mode in ('truncate', 'truncate_once'):
           if mode == 'truncate_once':
             server.modes[path] = ''
@@ -291,26 +291,28 @@ def test_two_fetches_of_one_data_set_at_once_both_succeed(server, tmp_path, caps
   assert 'is fetching bapps_val into' in capsys.readouterr().err
 
 
-def test_two_cli_fetches_of_one_hf_model_at_once_exit_0_with_progress_lines(server, tmp_path):
-  """Two `python -m visim_jax.fetch` of one Hugging Face model at once, off a terminal: both exit 0 (the second waits,
-  then finds the folder), the first prints progress lines (issue 44: the loser reported a missing .part, and a fetch
-  into a log file printed nothing)."""
+def test_a_fetch_of_a_hf_model_another_process_is_fetching_waits_then_succeeds(server, tmp_path, capsys):
+  """`python -m visim_jax.fetch` of a Hugging Face model, off a terminal, prints progress lines and exits 0; a fetch
+  of the same model meanwhile waits for it, then returns its folder (issue 44: the loser reported a missing .part,
+  and a fetch into a log file printed nothing)."""
   import subprocess
   import sys
   src = sources.WEIGHTS['dinov2_s14']
   for f in src.files:
     server.put(f.url, b'{}' if f.path.endswith('.json') else _safetensors(), 'delay')
   env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / 'hf_cache'))
-  cmd = [sys.executable, '-m', 'visim_jax.fetch', 'dinov2_s14']
-  first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  time.sleep(0.5)
-  second = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  runs = [(p.wait(60), *p.communicate()) for p in (first, second)]
+  first = subprocess.Popen([sys.executable, '-m', 'visim_jax.fetch', 'dinov2_s14'], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+  seen = []
+  while not any('config.json: downloading' in line for line in seen):   # it holds the lock and is downloading
+    seen.append(first.stderr.readline())
+    assert seen[-1], seen
   where = str(tmp_path / 'weights' / 'dinov2_s14')
-  assert [r[0] for r in runs] == [0, 0], runs
-  assert all(where in r[1] for r in runs), runs
-  err = runs[0][2] + runs[1][2]
-  assert 'model.safetensors: downloading' in err and 'waiting for it' in err and 'Traceback' not in err, err
+  assert fetch.fetch('dinov2_s14', progress=False) == f'dinov2_s14: {where}'
+  assert 'is fetching dinov2_s14; waiting for it' in capsys.readouterr().err
+  out, err = first.communicate(timeout=60)
+  assert first.returncode == 0 and out.strip() == f'dinov2_s14: {where}', (out, ''.join(seen) + err)
+  assert 'model.safetensors: downloading' in err and 'Traceback' not in err, err
   assert sorted(os.listdir(where)) == ['config.json', 'model.safetensors']
 
 

@@ -10,8 +10,8 @@
     set), so that huggingface_hub's five backed-off retries (~25 s) and their warnings do not come first, and its
     httpx errors (a connection cut mid-file) end as ours do;
   * other URLs (`requests`, whose urllib3 enforces Content-Length: a body shorter than announced is an error, not
-    an end) go through our loop, kept because no library covers the rest: `dest.part` written, resumed only when the server proves it is
-    the same file (`Range` with `If-Range:` the ETag or Last-Modified recorded when the part began, in
+    an end) go through our loop, kept because no library covers the rest: `dest.part` written, resumed only when
+    the server proves it is the same file (`Range` with `If-Range:` the ETag or Last-Modified recorded when the part began, in
     `dest.part.json`; no validator, or a 200 answer: started again from byte 0); complete only when the length is
     known and matches (Content-Length / Content-Range total, the published size; a chunked body ends with its last
     chunk) and the sha256 matches where one is published;
@@ -19,7 +19,7 @@
     checkpoint) and the format that its name promises (`format_problem`: zip / npz / pth central directory, a
     gzip stream that ends, safetensors header and size, JSON that parses): a lying Content-Length or an error
     page fails here, is removed, and the next run fetches again;
-  * one lock per destination (`lock`, both paths): a second fetch of the same file waits, then finds it complete;
+  * one lock per destination (hub/lock.py, both paths): a second fetch of the same file waits, then finds it complete;
   * time is bounded: `deadline` seconds in all (default max(1 h, length / 256 KiB/s)) and the idle limit (fewer than
     `min_rate` bytes/s over the last `idle_s` seconds, default 30 s, no byte at all included: the socket's read
     timeout), each a one-line error naming the command that resumes and keeping the part; a stalled transfer is not
