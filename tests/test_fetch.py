@@ -270,7 +270,7 @@ def _bapps_val(server) -> None:
 
 
 def test_two_fetches_of_one_data_set_at_once_both_succeed(server, tmp_path, capsys):
-  """The second waits for the first (one lock per set and root), then finds every archive unpacked: both succeed, each
+  """The second waits for the first (one lock per data root), then finds every archive unpacked: both succeed, each
   archive is downloaded once (issue 44: the loser failed on the archive the winner had deleted)."""
   _bapps_val(server)
   root, out, errors = str(tmp_path / 'bapps'), [], []
@@ -288,7 +288,7 @@ def test_two_fetches_of_one_data_set_at_once_both_succeed(server, tmp_path, caps
     t.join(30)
   assert errors == [] and out == [f'bapps: {root} (2afc/val 6, jnd 2)'] * 2
   assert len([r for r in server.requests if r[0].endswith('.tar.gz')]) == 2
-  assert 'is fetching bapps_val into' in capsys.readouterr().err
+  assert 'is fetching data into' in capsys.readouterr().err
 
 
 def test_a_fetch_of_a_hf_model_another_process_is_fetching_waits_then_succeeds(server, tmp_path, capsys):

@@ -22,7 +22,7 @@ project's loader reads the result (`check_layout`), so a wrong layout fails here
 `--root` is the folder that receives the set's own top folder where the authors' archive has one (`nights` ->
 ROOT/nights/); a data set without a public direct URL (THINGS, TLL) is one line saying where to get it.
 
-One process at a time per weights name and per data set and root (hub/lock.py): a second one waits, then reports
+One process at a time per weights name and per data root (hub/lock.py): a second one waits, then reports
 what the first one wrote. Off a terminal, a line when each file starts and one every 30 s; `--idle_s` sets the idle
 limit after which a stalled transfer is abandoned, its part kept (hub/download.py, default 30 s).
 
@@ -263,12 +263,13 @@ def check_layout(name: str, root: str) -> str:
 
 def fetch_data(name: str, root: str, progress: bool = True, keep: bool = False, idle_s: float | None = None) -> str:
   """Downloads and unpacks data set NAME under ROOT, then checks it with the loader; one line saying what is there.
-  One process at a time per (NAME, ROOT): a second one waits, then finds the archives unpacked and marked done."""
+  One process at a time per ROOT: a second one waits, then finds the archives unpacked and marked done."""
   src = sources.DATA[name]
   if not src.files:
     raise UserError(f'{name}: {src.note}')
   root = os.path.abspath(os.path.expanduser(root))
-  with lock_lib.lock(os.path.join(root, '.visim_fetch', name), f'fetching {name} into {root}', deadline=None):
+  # one lock per root, not per name: bapps and bapps_val share archives
+  with lock_lib.lock(os.path.join(root, '.visim_fetch'), f'fetching data into {root}', deadline=None):
     return _fetch_data(name, src, root, progress, keep, idle_s)
 
 
