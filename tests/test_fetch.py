@@ -8,6 +8,7 @@ import json
 import os
 import tarfile
 import threading
+import time
 import urllib.parse
 import zipfile
 
@@ -22,7 +23,8 @@ from visim_jax.core.errors import UserError
 
 class Server:
   """{url path: bytes} served over HTTP with Range support; `modes[path]`: 'truncate' (half the body, then the
-  connection closes; every request), 'truncate_once', 'no_range' (Range ignored: 200 and the whole body)."""
+  connection closes; every request), 'truncate_once', 'no_range' (Range ignored: 200 and the whole body), 'delay'
+  (the body after 0.5 s: two fetches overlap)."""
 
   def __init__(self):
     self.files, self.modes, self.requests = {}, {}, []
@@ -82,6 +84,8 @@ class Server:
         self.send_header('Content-Length', str(len(rest)))
         self.send_header('ETag', etag)
         self.end_headers()
+        if mode == 'delay':
+          time.sleep(0.5)
         if mode in ('truncate', 'truncate_once'):
           if mode == 'truncate_once':
             server.modes[path] = ''
@@ -252,6 +256,64 @@ def test_bapps_val_fetched_unpacked_and_read_by_the_loader(server, tmp_path):
   assert not os.listdir(os.path.join(root, '.downloads'))   # archives deleted once unpacked
   n = len(server.requests)
   assert fetch.fetch('bapps_val', root, progress=False) == line and len(server.requests) == n   # done: no request
+
+
+def _bapps_val(server) -> None:
+  from visim_jax.data import bapps
+  twoafc = {f'val/{s}/{p}/000.png': _png(i) for i, s in enumerate(bapps.TWOAFC_SETS['val']) for p in ('ref', 'p0', 'p1')}
+  twoafc.update({f'val/{s}/judge/000.npy': _npy(0.4) for s in bapps.TWOAFC_SETS['val']})
+  jnd = {f'jnd/val/{s}/{p}/000.png': _png(7) for s in bapps.JND_SETS for p in ('p0', 'p1')}
+  jnd.update({f'jnd/val/{s}/same/000.npy': _npy(1 / 3) for s in bapps.JND_SETS})
+  files = sources.DATA['bapps_val'].files
+  server.put(files[0].url, _tar(jnd), 'delay')
+  server.put(files[1].url, _tar(twoafc), 'delay')
+
+
+def test_two_fetches_of_one_data_set_at_once_both_succeed(server, tmp_path, capsys):
+  """The second waits for the first (one lock per data root), then finds every archive unpacked: both succeed, each
+  archive is downloaded once (issue 44: the loser failed on the archive the winner had deleted)."""
+  _bapps_val(server)
+  root, out, errors = str(tmp_path / 'bapps'), [], []
+
+  def one():
+    try:
+      out.append(fetch.fetch('bapps_val', root, progress=False))
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(e)
+  threads = [threading.Thread(target=one) for _ in range(2)]
+  for t in threads:
+    t.start()
+    time.sleep(0.2)
+  for t in threads:
+    t.join(30)
+  assert errors == [] and out == [f'bapps: {root} (2afc/val 6, jnd 2)'] * 2
+  assert len([r for r in server.requests if r[0].endswith('.tar.gz')]) == 2
+  assert 'is fetching data into' in capsys.readouterr().err
+
+
+def test_a_fetch_of_a_hf_model_another_process_is_fetching_waits_then_succeeds(server, tmp_path, capsys):
+  """`python -m visim_jax.fetch` of a Hugging Face model, off a terminal, prints progress lines and exits 0; a fetch
+  of the same model meanwhile waits for it, then returns its folder (issue 44: the loser reported a missing .part,
+  and a fetch into a log file printed nothing)."""
+  import subprocess
+  import sys
+  src = sources.WEIGHTS['dinov2_s14']
+  for f in src.files:
+    server.put(f.url, b'{}' if f.path.endswith('.json') else _safetensors(), 'delay')
+  env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / 'hf_cache'))
+  first = subprocess.Popen([sys.executable, '-m', 'visim_jax.fetch', 'dinov2_s14'], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+  seen = []
+  while not any('config.json: downloading' in line for line in seen):   # it holds the lock and is downloading
+    seen.append(first.stderr.readline())
+    assert seen[-1], seen
+  where = str(tmp_path / 'weights' / 'dinov2_s14')
+  assert fetch.fetch('dinov2_s14', progress=False) == f'dinov2_s14: {where}'
+  assert 'is fetching dinov2_s14; waiting for it' in capsys.readouterr().err
+  out, err = first.communicate(timeout=60)
+  assert first.returncode == 0 and out.strip() == f'dinov2_s14: {where}', (out, ''.join(seen) + err)
+  assert 'model.safetensors: downloading' in err and 'Traceback' not in err, err
+  assert sorted(os.listdir(where)) == ['config.json', 'model.safetensors']
 
 
 def test_nights_and_the_sets_without_a_url(server, tmp_path):
@@ -448,6 +510,22 @@ def test_unreachable_host_names_the_one_command_and_leaves_no_folder(tmp_path, m
   msg = str(e.value)
   assert msg.startswith('dreamsim_ensemble: cannot reach ') and '`python -m visim_jax.fetch dreamsim_ensemble`' in msg
   assert 'downloads about 1.1 GB' in msg and str(tmp_path / 'weights' / 'dreamsim_ensemble.safetensors') in msg
+  assert not os.path.exists(tmp_path / 'weights' / '.downloads')
+
+
+def test_an_unreachable_hugging_face_host_fails_at_once_with_its_whole_reason(tmp_path, monkeypatch, capfd):
+  """No ~25 s of huggingface_hub's backed-off retries, no warning of theirs, the reason not cut (issue 44)."""
+  monkeypatch.setenv(download.BASE_URL_ENV, 'http://127.0.0.1:9')
+  monkeypatch.setenv('VISIM_JAX_WEIGHTS', str(tmp_path / 'weights'))
+  for k in ('VISIM_OFFLINE', 'HF_HUB_OFFLINE'):
+    monkeypatch.delenv(k, raising=False)
+  t0 = time.monotonic()
+  with pytest.raises(UserError) as e:
+    fetch.fetch('dinov2_s14', progress=False)
+  assert time.monotonic() - t0 < 3
+  assert str(e.value).startswith('dinov2_s14: cannot reach https://huggingface.co/facebook/dinov2-small/resolve/main/'
+                                 'config.json (Connection refused): run `python -m visim_jax.fetch dinov2_s14`')
+  assert 'thrown while requesting' not in ''.join(capfd.readouterr())
   assert not os.path.exists(tmp_path / 'weights' / '.downloads')
 
 

@@ -24,7 +24,8 @@ class Lying:
   """{path: body} with per-path lies: 'half_length' (Content-Length = half the body, the whole body sent),
   'no_length_drop' (no Content-Length, half the body, then the connection closes), 'drop_once' (the first answer
   sends half of an honest length), 'html' (an error page with 200), 'slow' (one byte every 0.2 s),
-  'no_validator' (no ETag / Last-Modified)."""
+  'no_validator' (no ETag / Last-Modified), 'cut' (half of an honest length, every time), 'silent' (the headers, then
+  no byte for 5 s)."""
 
   def __init__(self):
     self.files, self.modes, self.requests = {}, {}, []
@@ -80,7 +81,10 @@ class Lying:
         elif mode != 'no_length_drop':
           self.send_header('Content-Length', str(len(rest)))
         self.end_headers()
-        if mode in ('no_length_drop', 'drop_once'):
+        if mode == 'silent':
+          time.sleep(5)
+          return
+        if mode in ('no_length_drop', 'drop_once', 'cut'):
           if mode == 'drop_once':
             srv.modes[path] = ''
           self.wfile.write(rest[:len(rest) // 2])
@@ -200,16 +204,42 @@ def test_an_html_error_page_is_never_kept_nor_reused(lying, tmp_path, name):
   assert len(lying.requests) == n + 1 and not dest.exists()   # asked again, nothing reused
 
 
-def test_a_slow_server_meets_the_deadline_and_the_stall_rule(lying, tmp_path):
+def test_a_slow_server_meets_the_deadline_and_the_idle_limit(lying, tmp_path):
   url = 'https://example.org/models/w-0123abcd.bin'
   lying.put(url, os.urandom(200), 'slow')
   t0 = time.monotonic()
   refused(lambda: download.download(url, str(tmp_path / 'w.bin'), progress=False, deadline=1.0), 'deadline')
   assert time.monotonic() - t0 < 5
-  t0 = time.monotonic()
-  refused(lambda: download.download(url, str(tmp_path / 'v.bin'), progress=False, retries=0, min_rate=10**6,
-                                    stall_s=0.6), 'stalled')
-  assert time.monotonic() - t0 < 5
+  # a trickle (5 bytes/s) and a server that sends nothing: abandoned after the idle limit, not retried, the part kept
+  # and the command that resumes named
+  for mode, dest in (('slow', 'v.bin'), ('silent', 's.bin')):
+    lying.put(url, os.urandom(200), mode)
+    n, t0 = len(lying.requests), time.monotonic()
+    refused(lambda: download.download(url, str(tmp_path / dest), progress=False, min_rate=100, idle_s=0.6,
+                                      what='python -m visim_jax.fetch w'),
+            'stalled', 'idle limit is 0.6 s', '--idle_s', 'run `python -m visim_jax.fetch w` again to resume')
+    assert time.monotonic() - t0 < 3 and len(lying.requests) == n + 1, mode
+  assert download.IDLE_S < 60
+
+
+def test_a_hugging_face_file_cut_mid_way_is_one_line_and_resumes(lying, tmp_path, monkeypatch):
+  """huggingface_hub raises its HTTP client's errors (httpx: RemoteProtocolError) once its own retries are spent."""
+  import types
+  import huggingface_hub.constants
+  import huggingface_hub.file_download as hf_fd
+  monkeypatch.setattr(huggingface_hub.constants, 'HF_HUB_CACHE', str(tmp_path / 'hf'))
+  monkeypatch.setattr(hf_fd, 'time', types.SimpleNamespace(sleep=lambda s: None, time=time.time))   # its 5 x 1 s
+  url = 'https://huggingface.co/org/model/resolve/main/model.safetensors'
+  header = b'{"w":{"dtype":"F32","shape":[4096],"data_offsets":[0,16384]}}'
+  body = len(header).to_bytes(8, 'little') + header + os.urandom(16384)
+  lying.put(url, body, 'cut')
+  dest = tmp_path / 'w' / 'model.safetensors'
+  refused(lambda: download.download(url, str(dest), progress=False, what='python -m visim_jax.fetch m'), url,
+          'cut short', 'run `python -m visim_jax.fetch m` again to resume')
+  assert not dest.exists()
+  lying.modes.clear()   # the server recovers: the rerun is complete
+  download.download(url, str(dest), progress=False)
+  assert dest.read_bytes() == body
 
 
 def test_progress_off_a_terminal_is_one_line_at_a_time(lying, tmp_path, capsys):

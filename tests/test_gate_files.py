@@ -262,3 +262,27 @@ def test_benchmark_cli_refuses_a_nights_path_out_of_its_folder(tmp_path):
   assert r.returncode == 1 and len(lines) == 1 and 'Traceback' not in r.stderr, r.stderr[-3000:]
   assert lines[0].startswith(f'error: {root}/data.csv:line 2: ref_path') and 'leads outside' in lines[0], lines
   assert sorted(set(os.listdir(work)) - {'.lock'}) == ['note.txt'] and (work / 'note.txt').read_bytes() == b'keep'
+
+
+def test_npz_files_that_are_not_npz_say_what_they_are(tmp_path):
+  """Text, a single .npy, a cut archive or pickled objects under a .npz name: our own words, never numpy's advice to
+  load it unsafely (issue 44), through the one reader (readers.load_npz) the index files and feature files share."""
+  from visim_jax.data import npz, triplet_index
+  text = _touch(tmp_path / 'text.npz', b'ref,p0,p1\n0,1,2\n')
+  single = str(tmp_path / 'single.npz')
+  np.save(tmp_path / 'single.npy', np.zeros(3))
+  os.replace(tmp_path / 'single.npy', single)
+  good = str(tmp_path / 'good.npz')
+  np.savez(good, triplets=np.array([[0, 1, 2], [2, 1, 0]], np.int32), odd=np.zeros(2, np.int32),
+           images=np.array(['a', 'b', 'c']))
+  cut = _touch(tmp_path / 'cut.npz', open(good, 'rb').read()[:-40])
+  objects = str(tmp_path / 'objects.npz')
+  np.savez(objects, triplets=np.array([{'a': 1}], dtype=object))
+  for path, what in ((text, "it is text (first line 'ref,p0,p1')"), (single, 'a single .npy array'),
+                     (cut, 'cut or corrupt'), (objects, 'Python objects')):
+    for fn, head in ((lambda: triplet_index.load(path, field='config.train_file'), 'config.train_file'),
+                     (lambda: npz.read_arrays(path, ('triplets',)), 'config.features'),
+                     (lambda: readers.read_npz(path), path)):
+      line = refused(fn, head, path, 'not a readable', what)
+      assert 'allow_pickle' not in line and 'unsafely' not in line, line
+  assert len(triplet_index.load(good)) == 2

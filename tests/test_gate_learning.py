@@ -60,7 +60,9 @@ def test_a_finished_workdir_is_left_as_it_was(tmp_path):
   assert 'triplets_train.npz' in before and 'head.npz' in before
   c = _folder(tmp_path)
   c.triplets.n_train = 50                       # another n_train: refused by the fingerprint, nothing rewritten
-  refused(lambda: lt.run(c, str(wd), progress=False), 'different config')
+  line = refused(lambda: lt.run(c, str(wd), progress=False), 'different config', 'the train triplets differ (int32[',
+                 ', 3] -> int32[50, 3])')
+  assert 'features' not in line, line   # the triplets differ, not the features (issue 44)
   assert _state(wd) == before
   c = _folder(tmp_path, generate_only=True)     # generate_only into a finished workdir: refused first
   refused(lambda: lt.run(c, str(wd), progress=False), 'config.generate_only', 'head.npz', 'new --workdir')
@@ -111,9 +113,9 @@ def test_relative_image_paths_resolve_against_the_index_file(tmp_path, monkeypat
   refused(lambda: lt.run(c, str(tmp_path / 'w2'), progress=False), 't.npz', 'images[0]')
 
 
-@pytest.mark.parametrize('field,value,name', [('triplets.n_train', 10**10, 'config.triplets.n_train'),
-                                              ('triplets.n_val', 10**9, 'config.triplets.n_'),
-                                              ('synthetic.n_images', 10**9, 'config.synthetic.n_images')])
+@pytest.mark.parametrize('field,value,name', [('triplets.n_train', 10**10, 'config.triplets.n_train: '),
+                                              ('triplets.n_val', 10**9, 'config.triplets.n_val: '),
+                                              ('synthetic.n_images', 10**9, 'config.synthetic.n_images: ')])
 def test_sizes_are_refused_before_allocation(tmp_path, monkeypatch, field, value, name):
   monkeypatch.setattr(memory, 'limit_bytes', lambda: 8 * 2**30)
   tracemalloc.start()
@@ -124,6 +126,24 @@ def test_sizes_are_refused_before_allocation(tmp_path, monkeypatch, field, value
     tracemalloc.stop()
   assert peak < 64 * 2**20, peak   # refused before the big arrays
   assert not (tmp_path / 'w').exists()
+
+
+def test_the_memory_refusal_names_the_fields_that_drive_it_largest_first(monkeypatch):
+  """Issue 44: nights_adapt with a huge embed_dim was refused as 'config.seeds: ...' with seeds already 1."""
+  from visim_jax.experiments import nights_adapt as na
+  from visim_jax.training import human_heads
+  monkeypatch.setattr(memory, 'limit_bytes', lambda: 8 * 2**30)
+  hp = human_heads.Hparams(model='triplet', embed_dim=2**22, seeds=1)
+  line = refused(lambda: na.check_memory(hp, 1000, 1280, 64), 'config.embed_dim: ', 'lower config.embed_dim (')
+  assert 'config.seeds' not in line.partition('; lower')[2], line
+  hp = human_heads.Hparams(model='triplet', embed_dim=2**16, seeds=64, epochs=10)
+  line = refused(lambda: na.check_memory(hp, 1000, 1280, 64), 'config.embed_dim: ')
+  lower = line.partition('; lower ')[2]
+  assert lower.index('config.embed_dim') < lower.index('config.seeds'), line   # both drive it: the larger first
+  # drivers against a plain loop: each field alone at 1
+  est = lambda v: {'a': v['x'] * v['y'] * 8, 'b': v['y'] * 1000}
+  got = memory.drivers(est, {'x': 1, 'y': 50})
+  assert got == {'y': 49 * 8 + 49 * 1000}
 
 
 @pytest.mark.parametrize('n,dim', [(60_000, 8), (20_000, 256)])

@@ -85,6 +85,14 @@ def test_memory_estimate_refuses_before_allocating():
   ts.check_memory(parts, 2**40, 2**40)
   with pytest.raises(UserError, match=r'config.batch_size: this run needs at least .* GiB of device memory'):
     ts.check_memory(parts, 2**30, 2**40)
+  # the fields that drive each side, largest first (learn_triplets' refusal): here the held-out triplets' count
+  from visim_jax.core import memory
+  est = lambda v: ts.memory_bytes(v['n_train'], v['n_val'], 1000, 64, 64, v['batch'], 100, 3)
+  sizes = {'n_train': 1000, 'n_val': 10**9, 'batch': 64}
+  with pytest.raises(UserError, match=r'^n_val: this run needs .* of host memory.*; lower n_val \([\d,.]+ GiB of '
+                     r'it\)$'):
+    ts.check_memory(est(sizes), 2**40, 2**30, {w: memory.drivers(lambda v, w=w: {w: est(v)[w]}, sizes)
+                                                for w in ('host', 'device')})
 
 
 def test_sampling_kinds():

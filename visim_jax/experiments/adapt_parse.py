@@ -2,6 +2,8 @@
 feature size and memory allow (check_sizes, check_memory), all before any feature is extracted."""
 from __future__ import annotations
 
+import dataclasses
+
 from visim_jax.experiments import checks
 from visim_jax.core import memory
 from visim_jax.training import adaptation_runs
@@ -96,11 +98,14 @@ def memory_bytes(hp: adaptation_runs.Hparams, n: int, dim: int, views: int = 2) 
 
 def check_memory(hp: adaptation_runs.Hparams, n: int, dim: int) -> None:
   """Refuses (nothing run) a config whose training memory (memory_bytes, a lower bound) exceeds 90% of the
-  device's (or the host's, on CPU) memory, naming the field furthest above its usual value (Hparams defaults)."""
-  usual = adaptation_runs.Hparams()
-  growth = {'runs': hp.runs / usual.runs, 'epochs': hp.epochs / usual.epochs, 'adapt_dim': hp.adapt_dim /
-            usual.adapt_dim, 'sigmas': len(hp.sigmas) / 2}
-  fields = [f'config.{f}' for f in sorted(growth, key=growth.get, reverse=True)]
-  memory.check(memory_bytes(hp, n, dim), fields,
+  device's (or the host's, on CPU) memory, naming the fields whose values drive it, largest first (memory.drivers:
+  the estimate with each field alone at 1)."""
+  def est(v):
+    return memory_bytes(dataclasses.replace(hp, runs=int(v['config.runs']), epochs=int(v['config.epochs']),
+                                            adapt_dim=int(v['config.adapt_dim']), pca_dim=int(v['config.pca_dim']),
+                                            sigmas=tuple(hp.sigmas[:1]) * int(v['config.sigmas'])), n, dim)
+  sizes = {'config.runs': hp.runs, 'config.epochs': hp.epochs, 'config.adapt_dim': hp.adapt_dim,
+           'config.pca_dim': hp.pca_dim, 'config.sigmas': len(hp.sigmas)}
+  memory.check(est(sizes), memory.drivers(est, sizes),
                f'runs={hp.runs}, {len(hp.sigmas)} sigma(s), epochs={hp.epochs}, pca_dim={hp.pca_dim}, '
                f'adapt_dim={hp.adapt_dim}, {n} pairs')

@@ -214,7 +214,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
   # ---- write (everything above has succeeded): under the workdir lock, config.json and metrics.json by the runtime
   recorded = config_fields.recorded_config(config, uses_backbone=config.dataset != 'features')
-  with runtime.Run(workdir, recorded, runtime.fingerprint(recorded, [feats, labels]), checkpoint=False,
+  with runtime.Run(workdir, recorded, runtime.fingerprint(recorded, {'features': feats, 'labels': labels}), checkpoint=False,
                    progress=progress) as rt:
     metrics['files'] = write_outputs(rt.workdir, config, m, names, knn_pc, node_rows, level_rows, chosen)
     metrics = rt.write_metrics(metrics)

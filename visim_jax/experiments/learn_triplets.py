@@ -51,7 +51,8 @@ from visim_jax.experiments.learn_triplets_parse import (  # noqa: F401 (the gate
 def fingerprint(hp: head_step.Hparams, eval_every: int, x, train, val) -> runtime.Fingerprint:
   """The training fields, the evaluation period (it shapes the checkpointed curves) and the data."""
   return runtime.fingerprint({**dataclasses.asdict(hp), 'eval_every': eval_every},
-                             [x, train.triplets, train.target, val.triplets, val.target])
+                             {'features': x, 'train triplets': train.triplets, 'train targets': train.target,
+                              'held-out triplets': val.triplets, 'held-out targets': val.target})
 
 
 @functools.lru_cache(maxsize=8)
@@ -87,9 +88,15 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
                       f'them); use {sharding.padded(hp.batch_size, mesh)}', hp.batch_size)
   from visim_jax.core import memory
   emb = heads.out_dim(hp.head, x.shape[1], hp.size)
-  parts = triplet_index.memory_bytes(len(train), len(val), len(x), x.shape[1], emb, hp.batch_size,
-                                      config.eval_every, 3 if train.target.ndim == 2 else 1, n_dev)
-  triplet_index.check_memory(parts, memory.limit_bytes(), triplet_index.host_memory_bytes())
+  tr, va = (('config.train_file', 'config.val_file') if config.source == 'files' else
+            ('config.triplets.n_train', 'config.triplets.n_val') if config.source in ('demo', 'folder', 'synthetic')
+            else ('the train triplets', 'the held-out triplets'))   # THINGS / NIGHTS: as published
+  est = lambda v: triplet_index.memory_bytes(v[tr], v[va], len(x), x.shape[1], emb, v['config.batch_size'],
+                                             v['config.eval_every'], 3 if train.target.ndim == 2 else 1, n_dev)
+  sizes = {tr: len(train), va: len(val), 'config.batch_size': hp.batch_size, 'config.eval_every': config.eval_every}
+  parts = est(sizes)
+  triplet_index.check_memory(parts, memory.limit_bytes(), triplet_index.host_memory_bytes(),
+                             {w: memory.drivers(lambda v, w=w: {w: est(v)[w]}, sizes) for w in ('host', 'device')})
   runtime.say(f'{len(train):,} train / {len(val):,} held-out triplets ({train.target_kind}), {len(x):,} images x '
               f'{x.shape[1]} features; head {hp.head}, loss {hp.loss}, batch {hp.batch_size} over {n_dev} device(s); '
               f'memory estimate host {parts["host"] / 2**20:,.1f} MiB, device {parts["device"] / 2**20:,.1f} MiB')

@@ -18,9 +18,12 @@ def _synthetic(config):
   Dt orthonormal random directions weighted exp(0) .. exp(-4), t = (x Q) w: cosine on x agrees with it little
   (~55% of odd-one-out choices), an affine head can learn it exactly."""
   s = config.synthetic
-  memory.check({'synthetic features': s.n_images * (12 * s.dim + 8 * s.teacher_dim)},
-               ['config.synthetic.n_images', 'config.synthetic.dim'], f'n_images={s.n_images}, dim={s.dim}',
-               'making the synthetic features')
+  est = lambda v: {'synthetic features': v['config.synthetic.n_images'] * (12 * v['config.synthetic.dim']
+                                                                          + 8 * v['config.synthetic.teacher_dim'])}
+  sizes = {'config.synthetic.n_images': s.n_images, 'config.synthetic.dim': s.dim,
+           'config.synthetic.teacher_dim': s.teacher_dim}
+  memory.check(est(sizes), memory.drivers(est, sizes), f'n_images={s.n_images}, dim={s.dim}, '
+               f'teacher_dim={s.teacher_dim}', 'making the synthetic features')
   rng = np.random.default_rng(s.seed)
   x = rng.standard_normal((s.n_images, s.dim)).astype(np.float32)
   x /= np.linalg.norm(x, axis=1, keepdims=True)
@@ -74,8 +77,8 @@ def load_data(config, workdir: str, progress: bool = True):
     train, val = _human(config)
     paths = train.images
   elif config.source == 'files':
-    train = triplet_index.load(config.train_file)
-    val = triplet_index.load(config.val_file)
+    train = triplet_index.load(config.train_file, field='config.train_file')
+    val = triplet_index.load(config.val_file, field='config.val_file')
     if train.images != val.images:
       raise UserError(f'{config.val_file}: its image list differs from {config.train_file}\'s; both index files '
                       'must index one image list')
@@ -155,9 +158,10 @@ def _human(config):
 
 
 def _generate(teacher, names, gen: dict, meta: dict):
-  memory.check(generation_bytes(gen['n_train'], gen['n_val'], len(teacher), teacher.shape[1]),
-               ['config.triplets.n_train', 'config.triplets.n_val'],
-               f'n_train={gen["n_train"]:,}, n_val={gen["n_val"]:,}', 'generating the triplets')
+  est = lambda v: generation_bytes(v['config.triplets.n_train'], v['config.triplets.n_val'], *teacher.shape)
+  sizes = {'config.triplets.n_train': gen['n_train'], 'config.triplets.n_val': gen['n_val']}
+  memory.check(est(sizes), memory.drivers(est, sizes), f'n_train={gen["n_train"]:,}, n_val={gen["n_val"]:,}',
+               'generating the triplets')
   try:
     return teacher_labels.generate(teacher, names, meta=meta, **gen)
   except ValueError as e:   # too few images for the split / clusters for the sampling

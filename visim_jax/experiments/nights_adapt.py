@@ -13,6 +13,7 @@ triplet_head.npz (model 'triplet': w and meta).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -110,12 +111,13 @@ def memory_bytes(hp: human_heads.Hparams, n_images: int, feat_dim: int, pca_dim:
 
 
 def check_memory(hp: human_heads.Hparams, n_images: int, feat_dim: int, pca_dim: int) -> None:
-  width = 'config.adapt_dim' if hp.model == 'adapter' else 'config.embed_dim'
-  parts = memory_bytes(hp, n_images, feat_dim, pca_dim)
-  fields = ['config.epochs', 'config.seeds'] if parts['epoch logs'] > parts['parameters'] else \
-      ['config.seeds', width, 'config.epochs']
-  memory.check(parts, fields, f'seeds={hp.seeds}, epochs={hp.epochs}, {width[7:]}='
-               f'{hp.adapt_dim if hp.model == "adapter" else hp.embed_dim}, {n_images} images of {feat_dim} features')
+  """Refuses before allocating, naming the fields whose values drive the estimate, largest first (memory.drivers)."""
+  width = 'adapt_dim' if hp.model == 'adapter' else 'embed_dim'
+  est = lambda v: memory_bytes(dataclasses.replace(hp, **{k[7:]: int(x) for k, x in v.items()}), n_images,
+                               feat_dim, pca_dim)
+  sizes = {f'config.{k}': getattr(hp, k) for k in ('seeds', width, 'epochs')}
+  memory.check(est(sizes), memory.drivers(est, sizes), f'seeds={hp.seeds}, epochs={hp.epochs}, {width}='
+               f'{getattr(hp, width)}, {n_images} images of {feat_dim} features')
 
 
 def _split(s, index) -> human_heads.Split:

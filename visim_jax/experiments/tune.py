@@ -36,8 +36,9 @@ from visim_jax.training import head_step, runtime, tuned_file
 def fingerprint(opts, hp, train, val) -> runtime.Fingerprint:
   fields = {**{k: v for k, v in dataclasses.asdict(opts).items() if k not in ('plots', 'leaderboard', 'checkpoint')},
             'hparams': dataclasses.asdict(hp)}
-  return runtime.fingerprint(fields, [train.triplets, train.target, val.triplets, val.target,
-                                      np.asarray(train.images)])
+  return runtime.fingerprint(fields, {'train triplets': train.triplets, 'train targets': train.target,
+                                      'held-out triplets': val.triplets, 'held-out targets': val.target,
+                                      'image list': np.asarray(train.images)})
 
 
 def run(config, workdir: str, progress: bool = True, devices=None) -> dict:

@@ -59,10 +59,13 @@ def check_memory(config, k: int, n: int, dim: int) -> None:
   parameters with Adam's moments and the gradient (the orthogonal init's QR as large), each step's embeddings of
   a batch of triplets, the loss history on host, the features."""
   m, f32 = config.model, memory.F32
-  params = dim * m.embed_dim + 3 * m.embed_dim * max(m.hidden, 1) + m.hidden
-  parts = {'parameters': 5 * k * params * f32, 'activations': 3 * k * m.batch_size * 3 * m.embed_dim * f32,
-           'loss history': 2 * k * m.steps * f32, 'features': n * dim * f32}
-  memory.check(parts, ['config.model.embed_dim', 'config.model.hidden', 'config.model.batch_size',
-                       'config.model.steps'],
+
+  def est(v):
+    e, h, b, s = (int(v[f'config.model.{f}']) for f in ('embed_dim', 'hidden', 'batch_size', 'steps'))
+    params = dim * e + 3 * e * max(h, 1) + h
+    return {'parameters': 5 * k * params * f32, 'activations': 3 * k * b * 3 * e * f32,
+            'loss history': 2 * k * s * f32, 'features': n * dim * f32}
+  sizes = {f'config.model.{f}': m[f] for f in ('embed_dim', 'hidden', 'batch_size', 'steps')}
+  memory.check(est(sizes), memory.drivers(est, sizes),
                f'{k} models, embed_dim={m.embed_dim}, hidden={m.hidden}, batch_size={m.batch_size}, '
                f'steps={m.steps}, {n} images of {dim} features')

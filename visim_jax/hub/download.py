@@ -6,11 +6,12 @@
   * Hugging Face files (`https://huggingface.co/<repo>/resolve/<rev>/<file>`) go through huggingface_hub's
     `hf_hub_download` (its size check, resume, file lock and the cache layout users know), then the blob's sha256 is
     checked against its LFS ETag (huggingface_hub names the blob by it but does not re-hash it) and the file is
-    linked (or copied) to `dest`;
+    linked (or copied) to `dest`; a host that cannot be reached is found by one connection attempt first (no proxy
+    set), so that huggingface_hub's five backed-off retries (~25 s) and their warnings do not come first, and its
+    httpx errors (a connection cut mid-file) end as ours do;
   * other URLs (`requests`, whose urllib3 enforces Content-Length: a body shorter than announced is an error, not
-    an end) go through our loop, kept because no library covers the rest: one lock per destination (a second fetch
-    of the same file waits, then finds it complete); `dest.part` written, resumed only when the server proves it is
-    the same file (`Range` with `If-Range:` the ETag or Last-Modified recorded when the part began, in
+    an end) go through our loop, kept because no library covers the rest: `dest.part` written, resumed only when
+    the server proves it is the same file (`Range` with `If-Range:` the ETag or Last-Modified recorded when the part began, in
     `dest.part.json`; no validator, or a 200 answer: started again from byte 0); complete only when the length is
     known and matches (Content-Length / Content-Range total, the published size; a chunked body ends with its last
     chunk) and the sha256 matches where one is published;
@@ -18,9 +19,12 @@
     checkpoint) and the format that its name promises (`format_problem`: zip / npz / pth central directory, a
     gzip stream that ends, safetensors header and size, JSON that parses): a lying Content-Length or an error
     page fails here, is removed, and the next run fetches again;
-  * time is bounded: `deadline` seconds in all (default max(1 h, length / 256 KiB/s)) and a stall rule (less than
-    `min_rate` bytes/s over `stall_s` seconds), each a one-line error that keeps the part for a rerun; progress is a
-    tqdm bar on a terminal and one line every `report_s` seconds otherwise.
+  * one lock per destination (hub/lock.py, both paths): a second fetch of the same file waits, then finds it complete;
+  * time is bounded: `deadline` seconds in all (default max(1 h, length / 256 KiB/s)) and the idle limit (fewer than
+    `min_rate` bytes/s over the last `idle_s` seconds, default 30 s, no byte at all included: the socket's read
+    timeout), each a one-line error naming the command that resumes and keeping the part; a stalled transfer is not
+    retried (a cut one is, `retries` times); progress is a tqdm bar on a terminal and otherwise a line when the
+    transfer starts and one every `report_s` seconds (Hugging Face files too).
 `VISIM_FETCH_BASE_URL` (tests only) sends every request to that server instead: `https://host/path` is fetched
 as `$VISIM_FETCH_BASE_URL/host/path`, so a local server can serve each source's exact layout.
 
@@ -29,26 +33,25 @@ as `$VISIM_FETCH_BASE_URL/host/path`, so a local server can serve each source's 
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 import urllib.parse
 
 from visim_jax.core.errors import UserError
 from visim_jax.hub.formats import format_problem, proves_end
+from visim_jax.hub.lock import lock
 from visim_jax.hub.unpack import unpack  # noqa: F401  pylint: disable=unused-import (fetch.py's name)
 
 CHUNK = 1 << 20
 BASE_URL_ENV = 'VISIM_FETCH_BASE_URL'
 _TRUE = ('1', 'true', 'yes', 'on')
-MIN_RATE = 1024          # bytes/s averaged over STALL_S: below this a transfer is a stall
-STALL_S = 120.0
+MIN_RATE = 1024          # bytes/s averaged over IDLE_S: below this a transfer is stalled
+IDLE_S = 30.0            # the idle limit (python -m visim_jax.fetch --idle_s)
 REPORT_S = 30.0
 _HF = re.compile(r'^https://huggingface\.co/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$')
 
@@ -79,45 +82,31 @@ def sha256_of(path: str) -> str:
   return h.hexdigest()
 
 
-# --------------------------------------------------------------------------------------------- the lock
-
-@contextlib.contextmanager
-def _dest_lock(dest: str, deadline: float):
-  """One process at a time per destination (fcntl lock on a file outside the destination's folder)."""
-  import fcntl  # pylint: disable=g-import-not-at-top
-  folder = os.path.join(tempfile.gettempdir(), f'visim_jax-locks-{os.getuid()}')
-  os.makedirs(folder, exist_ok=True)
-  key = hashlib.sha256(os.path.abspath(dest).encode()).hexdigest()[:32]
-  with open(os.path.join(folder, key + '.lock'), 'a+') as fh:
-    t0, said = time.monotonic(), False
-    while True:
-      try:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        break
-      except OSError as e:
-        if e.errno not in (errno.EAGAIN, errno.EACCES):
-          raise
-      if not said:
-        print(f'{dest}: another process is downloading it; waiting', file=sys.stderr, flush=True)
-        said = True
-      if time.monotonic() - t0 > deadline:
-        raise UserError(f'{dest}: another process has been downloading it for {deadline:.0f} s; wait for it, or stop '
-                        'it and run again') from None
-      time.sleep(0.2)
-    try:
-      yield
-    finally:
-      fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
 # --------------------------------------------------------------------------------------------- transfer
 
+class NotFound(UserError):
+  """The server has no such file (HTTP 404, huggingface_hub's EntryNotFoundError)."""
+
+
+class Unreachable(UserError):
+  """The host could not be reached: `url` and `reason` (whole, one line) for the caller's own remedy."""
+
+  def __init__(self, url: str, reason: str):
+    super().__init__(f'{url}: cannot connect ({reason}); check the network, or fetch it where the network is allowed '
+                     'and copy the file')
+    self.url, self.reason = url, reason
+
+
 class _Interrupted(Exception):
-  """The transfer ended before the file did (or too slowly): resumable."""
+  """The transfer ended before the file did: resumable, retried."""
+
+
+class _Stalled(_Interrupted):
+  """Fewer than min_rate bytes/s over the idle limit: resumable, not retried (the server is as slow the next time)."""
 
 
 class _Progress:
-  """tqdm on a terminal; one line every REPORT_S seconds otherwise."""
+  """tqdm on a terminal; otherwise a line when the transfer starts and one every `report_s` seconds."""
 
   def __init__(self, desc: str, total: int | None, initial: int, progress: bool, report_s: float):
     self.desc, self.total, self.got, self.report_s = desc, total, initial, report_s
@@ -127,6 +116,10 @@ class _Progress:
     if progress and not self.lines:
       from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
       self.bar = tqdm(total=total, initial=initial, desc=desc, unit='B', unit_scale=True, leave=False)
+    elif self.lines:
+      size = f'{total / 2**20:,.1f} MiB' if total else 'size unknown'
+      at = f', resuming at {initial / 2**20:,.1f} MiB' if initial else ''
+      print(f'{desc}: downloading ({size}{at}; a line every {report_s:g} s)', file=sys.stderr, flush=True)
 
   def update(self, n: int) -> None:
     self.got += n
@@ -140,6 +133,20 @@ class _Progress:
   def close(self) -> None:
     if self.bar is not None:
       self.bar.close()
+
+
+def _line_bar(report_s: float):
+  """A tqdm stand-in for huggingface_hub (its `tqdm_class`): the lines _Progress prints off a terminal."""
+  class LineBar(_Progress):
+    def __init__(self, *_, desc: str = '', total: int | None = None, initial: int = 0, **__):
+      super().__init__(desc, total, initial, True, report_s)
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      self.close()
+  return LineBar
 
 
 def _read_sidecar(path: str) -> dict:
@@ -171,16 +178,20 @@ def _transfer(url: str, part: str, desc: str, progress: bool, timeout: float, cl
     headers['If-Range'] = known.get('etag') or known['last_modified']
   else:   # nothing to resume, or no proof that the server still has the same file: from byte 0
     have = 0
-  try:
-    resp = requests.get(effective_url(url), headers=headers, stream=True, timeout=timeout, allow_redirects=True)
+  try:   # connect within `timeout`; then no read waits longer than the idle limit
+    resp = requests.get(effective_url(url), headers=headers, stream=True, timeout=(timeout, clock['idle_s']),
+                        allow_redirects=True)
+  except requests.exceptions.ReadTimeout:
+    raise _Stalled(f'no answer within the idle limit of {clock["idle_s"]:g} s') from None
   except requests.RequestException as e:
-    raise UserError(f'{url}: cannot connect ({type(e).__name__}: {" ".join(str(e).split())[:120]}); check the '
-                    'network, or fetch it where the network is allowed and copy the file') from None
+    raise Unreachable(url, _reason(e)) from None
   with resp:
     if resp.status_code == 416 and have:   # the part is already as long as the file (or longer): start again
       os.remove(part)
       resp.close()
       return _transfer(url, part, desc, progress, timeout, clock)
+    if resp.status_code == 404:
+      raise NotFound(f'{url}: HTTP 404 {resp.reason}; check the address (visim_jax/hub/sources.py) or try later')
     if resp.status_code >= 400:
       raise UserError(f'{url}: HTTP {resp.status_code} {resp.reason}; check the address (visim_jax/hub/sources.py) '
                       'or try later')
@@ -212,6 +223,8 @@ def _transfer(url: str, part: str, desc: str, progress: bool, timeout: float, cl
           while True:
             try:   # read1: what has arrived (a slow server cannot hold one read for ever); urllib3 raises on a
               block = resp.raw.read1(CHUNK, decode_content=False)   # body shorter than its Content-Length
+            except (requests.exceptions.ReadTimeout, urllib3.exceptions.ReadTimeoutError, TimeoutError):
+              raise _Stalled(f'no byte for {clock["idle_s"]:g} s after {got} bytes') from None
             except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
               raise _Interrupted(f'{type(e).__name__} after {got} bytes') from None
             if not block:
@@ -234,28 +247,88 @@ def _transfer(url: str, part: str, desc: str, progress: bool, timeout: float, cl
 def _check_time(url: str, part: str, got: int, now: float, window: list, clock: dict) -> None:
   if now - clock['t0'] > clock['deadline']:
     raise UserError(f'{url}: not finished within the deadline of {clock["deadline"]:.0f} s ({got} bytes so far, '
-                    f'kept in {part}); run the same command again to resume, on a faster network')
+                    f'kept in {part}); run {clock["resume"]} to resume, on a faster network')
   window.append((now, got))
-  while len(window) > 2 and now - window[1][0] >= clock['stall_s']:
+  while len(window) > 2 and now - window[1][0] >= clock['idle_s']:
     window.pop(0)
   t_old, b_old = window[0]
-  if now - t_old >= clock['stall_s'] and (got - b_old) / (now - t_old) < clock['min_rate']:
-    raise _Interrupted(f'stalled: {got - b_old} bytes in the last {now - t_old:.0f} s (below {clock["min_rate"]} '
-                       'bytes/s)')
+  if now - t_old >= clock['idle_s'] and (got - b_old) / (now - t_old) < clock['min_rate']:
+    raise _Stalled(f'{got - b_old} bytes in the last {now - t_old:.1f} s, below {clock["min_rate"]:g} bytes/s')
 
 
-def _hf_download(url: str, dest: str, m: re.Match, sha256: str | None, size: int | None, timeout: float) -> str:
+def _reason(e: BaseException) -> str:
+  """Why a connection failed, whole and on one line: the OS's words where there are some ('Connection refused',
+  'Name or service not known'), else the exception's type and message."""
+  text = ' '.join(str(e).split())
+  m = re.search(r'\[Errno -?\d+\] ([^\'"\])]+)', text)
+  if m:
+    return m.group(1).strip().rstrip('.')
+  return f'{type(e).__name__}: {text}' if text else type(e).__name__
+
+
+def _probe(url: str, timeout: float) -> None:
+  """One TCP connection to the host of `url` (where it is really fetched from): Unreachable at once when there is
+  none. Skipped behind a proxy (the host is reached through it)."""
+  import socket  # pylint: disable=g-import-not-at-top
+  if any(os.environ.get(k) for k in ('https_proxy', 'HTTPS_PROXY', 'http_proxy', 'HTTP_PROXY', 'all_proxy',
+                                     'ALL_PROXY')):
+    return
+  u = urllib.parse.urlsplit(effective_url(url))
+  try:
+    socket.create_connection((u.hostname, u.port or (443 if u.scheme == 'https' else 80)),
+                             timeout=min(timeout, 15.0)).close()
+  except OSError as e:
+    raise Unreachable(url, e.strerror or _reason(e)) from None
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+  """The HTTP client errors huggingface_hub lets through (httpx2 or httpx, whichever it uses)."""
+  out = []
+  for mod in ('httpx2', 'httpx'):
+    try:
+      m = __import__(mod)
+    except ImportError:
+      continue
+    out += [getattr(m, n) for n in ('HTTPError', 'StreamError', 'InvalidURL') if isinstance(getattr(m, n, None), type)]
+  return tuple(out)
+
+
+@contextlib.contextmanager
+def _quiet_hub():
+  """huggingface_hub's retry warnings ('... thrown while requesting HEAD ...') are not shown: its errors end in our
+  one line."""
+  import logging  # pylint: disable=g-import-not-at-top
+  logger = logging.getLogger('huggingface_hub')
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
+def _hf_download(url: str, dest: str, m: re.Match, sha256: str | None, size: int | None, timeout: float,
+                 progress: bool, report_s: float, resume: str) -> str:
   """A Hugging Face file through huggingface_hub (module docstring), checked, then linked or copied to `dest`."""
   from huggingface_hub import hf_hub_download  # pylint: disable=g-import-not-at-top
   from huggingface_hub import errors as hf_errors  # pylint: disable=g-import-not-at-top
   import requests  # pylint: disable=g-import-not-at-top
   base = os.environ.get(BASE_URL_ENV, '').rstrip('/')
+  _probe(url, timeout)
+  bar = {'tqdm_class': _line_bar(report_s)} if progress and not sys.stderr.isatty() else {}
   try:
-    path = hf_hub_download(m['repo'], urllib.parse.unquote(m['file']), revision=m['rev'], etag_timeout=timeout,
-                           endpoint=f'{base}/huggingface.co' if base else None)
-  except (hf_errors.HfHubHTTPError, hf_errors.LocalEntryNotFoundError, requests.RequestException, OSError,
-          ValueError) as e:
-    raise UserError(f'{url}: {type(e).__name__}: {" ".join(str(e).split())[:160]}; check the address or the network, '
+    with _quiet_hub():
+      path = hf_hub_download(m['repo'], urllib.parse.unquote(m['file']), revision=m['rev'], etag_timeout=timeout,
+                             endpoint=f'{base}/huggingface.co' if base else None, **bar)
+  except hf_errors.EntryNotFoundError as e:
+    raise NotFound(f'{url}: HTTP 404 ({type(e).__name__}); check the address (visim_jax/hub/sources.py)') from None
+  except _transport_errors() as e:   # a connection cut mid-file, a read timeout: huggingface_hub resumed 5 times
+    raise UserError(f'{url}: the transfer was cut short ({_reason(e)}); run {resume} to resume (the '
+                    'Hugging Face cache keeps what arrived)') from None
+  except hf_errors.LocalEntryNotFoundError as e:   # no connection (after the probe) and nothing cached
+    raise Unreachable(url, _reason(e.__cause__ or e.__context__ or e)) from None
+  except (hf_errors.HfHubHTTPError, requests.RequestException, OSError, ValueError) as e:
+    raise UserError(f'{url}: {type(e).__name__}: {" ".join(str(e).split())}; check the address or the network, '
                     'then run again') from None
   blob = os.path.realpath(path)
   etag, digest, got = os.path.basename(blob), sha256_of(blob), os.path.getsize(blob)
@@ -266,7 +339,7 @@ def _hf_download(url: str, dest: str, m: re.Match, sha256: str | None, size: int
   if why:
     os.remove(blob)
     raise UserError(f'{url}: {why}; the download was removed, run again (or report it if it persists)')
-  tmp = dest + '.part'
+  tmp = f'{dest}.{os.getpid()}.part'
   with contextlib.suppress(FileNotFoundError):
     os.remove(tmp)
   try:
@@ -277,13 +350,20 @@ def _hf_download(url: str, dest: str, m: re.Match, sha256: str | None, size: int
   return dest
 
 
+def _usable(dest: str, sha256: str | None) -> bool:
+  return os.path.isfile(dest) and (sha256 is None or _digest_matches(sha256_of(dest), sha256)) \
+      and not format_problem(dest, full=False)
+
+
 def download(url: str, dest: str, sha256: str | None = None, size: int | None = None, *, what: str = '',
              progress: bool = True, retries: int = 2, timeout: float = 60.0, deadline: float | None = None,
-             min_rate: float = MIN_RATE, stall_s: float = STALL_S, report_s: float = REPORT_S) -> str:
-  """`dest`, downloaded from `url` unless a complete, checked copy is there (module docstring); its path."""
+             min_rate: float = MIN_RATE, idle_s: float | None = None, report_s: float = REPORT_S) -> str:
+  """`dest`, downloaded from `url` unless a complete, checked copy is there (module docstring); its path.
+  what: the command that fetches it again (named by every message that asks for a rerun)."""
+  idle_s = IDLE_S if idle_s is None else float(idle_s)
   fetch_hint = what or f'python -m visim_jax.fetch (for {os.path.basename(dest)})'
   if os.path.isfile(dest):
-    if (sha256 is None or _digest_matches(sha256_of(dest), sha256)) and not format_problem(dest, full=False):
+    if _usable(dest, sha256):
       return dest
     os.remove(dest)   # a stale, corrupt or error-page copy under the final name: fetched again below
   if offline():
@@ -291,25 +371,27 @@ def download(url: str, dest: str, sha256: str | None = None, size: int | None = 
                     'where the network is allowed, or unset them')
   os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
   m = _HF.match(url)
-  if m:
-    return _hf_download(url, dest, m, sha256, size, timeout)
   part = dest + '.part'
-  clock = {'t0': time.monotonic(), 'deadline': deadline, 'min_rate': min_rate, 'stall_s': stall_s,
-           'report_s': report_s}
-  with _dest_lock(dest, deadline or 3600.0):
-    if os.path.isfile(dest) and (sha256 is None or _digest_matches(sha256_of(dest), sha256)) \
-       and not format_problem(dest, full=False):
+  clock = {'t0': time.monotonic(), 'deadline': deadline, 'min_rate': min_rate, 'idle_s': idle_s,
+           'report_s': report_s, 'resume': f'`{what}` again' if what else 'the same command again'}
+  with lock(dest, deadline=deadline or 3600.0):
+    if _usable(dest, sha256):
       return dest   # another process finished it while we waited
+    if m:
+      return _hf_download(url, dest, m, sha256, size, timeout, progress, report_s, clock['resume'])
     for attempt in range(retries + 1):
       if clock['deadline'] is not None and time.monotonic() - clock['t0'] > clock['deadline']:
         raise UserError(f'{url}: not finished within the deadline of {clock["deadline"]:.0f} s ({part} is kept); run '
-                        'the same command again to resume, on a faster network')
+                        f'{clock["resume"]} to resume, on a faster network')
       try:
         _transfer(url, part, os.path.basename(dest), progress, timeout, clock)
         break
+      except _Stalled as e:
+        raise UserError(f'{url}: stalled ({e}; the idle limit is {idle_s:g} s, `--idle_s` of python -m '
+                        f'visim_jax.fetch); run {clock["resume"]} to resume ({part} is kept for that)') from None
       except _Interrupted as e:
         if attempt == retries:
-          raise UserError(f'{url}: the transfer was cut short ({e}); run the same command again to resume '
+          raise UserError(f'{url}: the transfer was cut short ({e}); run {clock["resume"]} to resume '
                           f'({part} is kept for that)') from None
     got = os.path.getsize(part)
 

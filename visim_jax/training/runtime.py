@@ -74,23 +74,31 @@ class Fingerprint:
   digest: str          # 20 hex characters over fields + data
   fields: dict         # the JSON-normalised config fields the run depends on
   data_sha256: str     # the training data
+  data_parts: dict = dataclasses.field(default_factory=dict)   # {name: 'dtype(shape) sha256[:16]'} of named arrays
 
   def record(self) -> dict:
-    return {'fingerprint': self.digest, 'data_sha256': self.data_sha256, 'fields': self.fields}
+    out = {'fingerprint': self.digest, 'data_sha256': self.data_sha256, 'fields': self.fields}
+    return {**out, 'data_parts': self.data_parts} if self.data_parts else out
 
 
-def fingerprint(fields: Mapping[str, Any], arrays: Sequence[Any] = ()) -> Fingerprint:
-  """The run's identity: the config fields that change its result and the bytes of its data arrays."""
+def fingerprint(fields: Mapping[str, Any], arrays: Sequence[Any] | Mapping[str, Any] = ()) -> Fingerprint:
+  """The run's identity: the config fields that change its result and the bytes of its data arrays. Arrays given
+  by name ({'train triplets': a, ...}, in a fixed order) are also recorded one by one, so that a refused rerun names
+  the ones that differ (the digest is the same as for the same arrays in a sequence)."""
   fields = json.loads(json.dumps(dict(fields), sort_keys=True, default=str))
-  h = hashlib.sha256()
-  for a in arrays:
+  named = isinstance(arrays, Mapping)
+  h, parts = hashlib.sha256(), {}
+  for name, a in (arrays.items() if named else enumerate(arrays)):
     if a is not None:
       a = np.ascontiguousarray(a)
-      h.update(f'{a.dtype}{a.shape}'.encode())
+      head = f'{a.dtype}{a.shape}'.encode()
+      h.update(head)
       h.update(a.tobytes())
+      if named:
+        parts[name] = f'{a.dtype}{list(a.shape)} {hashlib.sha256(head + a.tobytes()).hexdigest()[:16]}'
   data = h.hexdigest()
   digest = hashlib.sha256((json.dumps(fields, sort_keys=True) + data).encode()).hexdigest()[:20]
-  return Fingerprint(digest, fields, data)
+  return Fingerprint(digest, fields, data, parts)
 
 
 def _diff(old: dict, new: Fingerprint) -> str:
@@ -98,7 +106,17 @@ def _diff(old: dict, new: Fingerprint) -> str:
   keys = sorted(set(of) | set(nf))
   changed = [f'config.{k} ({of.get(k, "unset")!r} -> {nf.get(k, "unset")!r})' for k in keys if of.get(k) != nf.get(k)]
   if old.get('data_sha256') != new.data_sha256:
-    changed.append('the data (features) differ')
+    op = old.get('data_parts') or {}
+    if op and new.data_parts:
+      for name in dict.fromkeys([*new.data_parts, *op]):
+        a, b = op.get(name), new.data_parts.get(name)
+        if a != b:
+          sa, sb = (x.rsplit(' ', 1)[0] if x else 'none' for x in (a, b))
+          changed.append(f'the {name} differ ({sa} -> {sb})' if sa != sb else f'the {name} differ (same shape, '
+                         'other values)')
+    else:   # a record written before data_parts, or arrays given without names
+      changed.append('the data differ (' + (', '.join(new.data_parts) if new.data_parts else 'the arrays the run '
+                                            'reads: features, labels or judgements') + ')')
   return ', '.join(changed) or 'fingerprint differs'
 
 
