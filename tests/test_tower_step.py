@@ -97,6 +97,26 @@ def test_remat_changes_nothing_but_the_program():
   assert text.count('checkpoint') + text.count('remat') >= vit.TINY.depth
 
 
+def test_remat_saves_nothing_on_xla_cpu_and_the_estimate_knows():
+  """XLA:CPU expands jax.checkpoint's barriers away: the compiled step's temporaries are not smaller with remat, so
+  tune_memory counts the full activations there (a jax that honours remat on a CPU fails the first assert: then
+  remat_saves must say so)."""
+  from visim_jax.experiments import tune_memory
+  assert jax.default_backend() == 'cpu' and not tune_memory.remat_saves() and tune_memory.remat_saves('gpu')
+  bb, hp = _tiny(tune='full')
+  tw = tower_step.tower(bb)
+  batch = _batch(64)
+  temp, est = {}, {}
+  for remat in (False, True):
+    h = tower_step.Hparams(**{**hp.__dict__, 'remat': remat})
+    state, frozen = tower_step.init_state(h, tw, bb.variables)
+    comp = jax.jit(lambda s, f, b: tower_step.step(h, tw, s, f, b)).lower(state, frozen, batch).compile()
+    temp[remat] = comp.memory_analysis().temp_size_in_bytes
+    est[remat] = tune_memory.estimate(h, tw, bb, state.trainable, (32, 32, 3), 192, 1)[0]['activations']
+  assert temp[True] >= 0.9 * temp[False], temp
+  assert est[True] == est[False] > 0
+
+
 def test_bfloat16_compute_keeps_float32_master_weights():
   bb, hp, batch, (s32, l32) = _full_baseline()
   s16, l16 = _run(tower_step.Hparams(**{**hp.__dict__, 'compute_dtype': 'bfloat16'}), bb, batch, steps=1)
