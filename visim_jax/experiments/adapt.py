@@ -211,6 +211,15 @@ def exported_note(metrics) -> str:
           ('' if head == metrics['epochs'] else f'; the headline reports the {rule} rule\'s epoch {head}'))
 
 
+def shown_rules(epoch_rule: dict, eps: dict) -> list[str]:
+  """The epoch rules the console table shows: the headline's first, then val, last, test; only the headline's when it
+  fell back to the last epoch (too few validation pairs: an argmax over epochs of so few pairs moves with float
+  rounding, so those columns would differ between CPUs; metrics.json keeps every rule)."""
+  if 'fallback' in epoch_rule:
+    return [epoch_rule['primary']]
+  return list(dict.fromkeys(r for r in (epoch_rule['primary'], 'val', 'last', 'test') if r in eps))
+
+
 def print_table(hp, ks, metrics, workdir) -> None:
   from visim_jax.core import report
   rule = metrics['epoch_rule']['primary']
@@ -218,7 +227,7 @@ def print_table(hp, ks, metrics, workdir) -> None:
               f'PCA fit on {hp.pca_fit} (variance kept {metrics["pca"]["explained_variance"]["mean"]:.4f}), '
               f'epoch rule {rule}, workdir {workdir}')
   for key, eps in metrics['epochs_selected'].items():
-    rules = list(dict.fromkeys(r for r in (rule, 'val', 'last', 'test') if r in eps))
+    rules = shown_rules(metrics['epoch_rule'], eps)
     head = ['metric', 'raw', 'pca'] + [f'{key} {r}@{eps[r]}' + (' (optimistic)' if r == 'test' else '')
                                        for r in rules]
     rows = [[f'aR@{k}'] + [f"{metrics['results'][f'aR@{k}'][c]['mean']:.4f} ± "

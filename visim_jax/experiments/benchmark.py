@@ -113,6 +113,16 @@ def fingerprint(sim, protocol: str, tasks, config) -> runtime.Fingerprint:
   return runtime.fingerprint(recorded, [a for t in tasks for a in t.arrays])
 
 
+DISTS_LEFT_OUT = ('dists: left out of the demo: its learned weights are not on this machine (run `python -m '
+                  'visim_jax.fetch dists` once, 20 kB; the demo then ranks it too)')
+
+
+def dists_here() -> bool:
+  """DISTS's alpha / beta can be read offline here (fetched, or the installed DISTS_pytorch)."""
+  from visim_jax.models import dists as dists_lib
+  return dists_lib.default_weights() is not None
+
+
 def with_demo(config):
   """dataset='demo': the mini human-judgement folders (written once) for every protocol folder left empty."""
   if config.dataset != 'demo':
@@ -123,6 +133,10 @@ def with_demo(config):
   runtime.say(human_demo.DEMO_NOTE)
   config = config.copy_and_resolve_references()
   with config.unlocked():
+    specs = interface.split_specs(config.models)
+    if 'dists' in specs and not dists_here():   # the demo runs offline: DISTS joins once its 20 kB are fetched
+      config.models = ','.join(s for s in specs if s != 'dists')
+      runtime.say(DISTS_LEFT_OUT)
     if not config.nights_dir:
       config.nights_dir = d.nights
     if not config.bapps_dir:

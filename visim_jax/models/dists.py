@@ -15,8 +15,10 @@
    S2 = (2 cov + c2) / (v_x + v_y + c2), c1 = c2 = 1e-6.
 5. D = 1 - sum_k,c (alpha_kc S1 + beta_kc S2) / (sum alpha + sum beta): LOWER = more similar (0 for identical images up
    to rounding). alpha, beta (1475 each) are the learned weights of the package's `weights.pt`, read through
-   visim_jax.core.safe_pickle (never unpickled), from the installed package (`pip install --no-deps
-   DISTS_pytorch==0.1`) or a path.
+   visim_jax.core.safe_pickle (never unpickled). Where they come from, in order: `$VISIM_JAX_WEIGHTS/dists.safetensors`
+   (written once by `python -m visim_jax.fetch dists`, which takes weights.pt out of the pinned DISTS_pytorch 0.1
+   wheel through pip without installing it: the wheel requires torch, so it cannot be a dependency of the base
+   install), the installed package (`pip install --no-deps DISTS_pytorch==0.1`, the `torch` extra), or a path.
 
 API: `load_dists(weights=None, trunk_weights=None, tiny=False, random_init=None) -> DISTS`;
 `dists(model_or_params, x, y) -> (N,)` (pure, jittable, differentiable in x and y); `pair_distance` (the same, identical
@@ -37,7 +39,11 @@ from visim_jax.core.errors import UserError
 
 PACKAGE, FILE = 'DISTS_pytorch', 'DISTS_pytorch/weights.pt'
 WEIGHTS_SHA256 = 'f5e65c96230b7f6ca995691647d482237e4cab8a50c5c4a5784f219ef0748218'   # DISTS_pytorch 0.1
-INSTALL = f'pip install --no-deps {PACKAGE}==0.1'
+VERSION = '0.1'
+WHEEL_SHA256 = '73e54ce13e7cf3ca962ee8e433d129884ec3dc75e00a27af90525e1da760ac61'   # DISTS_pytorch-0.1-py3-none-any.whl
+INSTALL = f'pip install --no-deps {PACKAGE}=={VERSION}'
+NAME = 'dists'                 # $VISIM_JAX_WEIGHTS/dists.safetensors: alpha, beta (1475 each), fetch.py writes it
+FETCH = 'python -m visim_jax.fetch dists'
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 C1 = C2 = 1e-6
@@ -148,6 +154,40 @@ def package_weights() -> str | None:
   return path if os.path.isfile(path) else None
 
 
+def converted_path() -> str:
+  """Where `python -m visim_jax.fetch dists` writes alpha / beta: $VISIM_JAX_WEIGHTS/dists.safetensors."""
+  from visim_jax.backbones import store  # pylint: disable=g-import-not-at-top
+  return store.default_location(NAME) + '.safetensors'
+
+
+def default_weights() -> str | None:
+  """The alpha / beta file `load_dists()` reads: the fetched file, else the installed package's; None: neither."""
+  return converted_path() if os.path.isfile(converted_path()) else package_weights()
+
+
+def weights_status() -> str:
+  """One line: where DISTS's learned weights are read from here, or how to get them (file-system look-ups only)."""
+  if os.path.isfile(converted_path()):
+    return f'converted: {converted_path()}'
+  if package_weights() is not None:
+    return f'offline: the installed {PACKAGE} package ({package_weights()})'
+  return f'not here: run `{FETCH}` once (20 kB, MIT; or `{INSTALL}`)'
+
+
+def convert(src: str, source: str) -> str:
+  """alpha / beta of a DISTS weights.pt (through safe_pickle) -> converted_path() + its sha256 sidecar."""
+  from visim_jax.backbones import store  # pylint: disable=g-import-not-at-top
+  alpha, beta, digest = read_alpha_beta(src)
+  n = sum(channels(vgg_lib.BLOCKS))
+  if alpha.size != n or beta.size != n:
+    raise UserError(f'{src}: alpha / beta hold {alpha.size} / {beta.size} weights; DISTS on VGG16 needs {n}')
+  out = converted_path()
+  store.write_converted({'alpha': alpha, 'beta': beta}, out,
+                        {'backbone': NAME, 'source': source, 'source_sha256': digest,
+                         'source_format': 'PyTorch weights.pt, read by visim_jax.core.safe_pickle', 'out': out})
+  return out
+
+
 def read_alpha_beta(path: str) -> tuple[np.ndarray, np.ndarray, str]:
   """(alpha, beta, sha256) of a DISTS weights.pt (through safe_pickle) or an .npz with arrays alpha, beta."""
   from visim_jax.core import safe_pickle  # pylint: disable=g-import-not-at-top
@@ -159,6 +199,13 @@ def read_alpha_beta(path: str) -> tuple[np.ndarray, np.ndarray, str]:
   if path.endswith('.npz'):
     with np.load(path, allow_pickle=False) as z:
       sd = {k: z[k] for k in z.files}
+  elif path.endswith('.safetensors'):
+    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+    try:
+      sd = load_file(path)
+    except Exception as e:  # noqa: BLE001  (a truncated or foreign file)
+      raise UserError(f'{path}: not a safetensors file ({" ".join(str(e).split())[:120]})') from None
+    digest = _sidecar_source(path) or digest   # the weights.pt it came from: one id for both sources
   else:
     try:
       sd = safe_pickle.load_torch_state_dict(path)
@@ -170,10 +217,24 @@ def read_alpha_beta(path: str) -> tuple[np.ndarray, np.ndarray, str]:
   return alpha, beta, digest
 
 
+def _sidecar_source(path: str) -> str | None:
+  """The sha256 of the weights.pt a converted file came from (its sidecar), so that both sources give one id."""
+  import json  # pylint: disable=g-import-not-at-top
+  try:
+    with open(path + '.json', encoding='utf-8') as f:
+      return str(json.load(f)['source_sha256'])
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
 def load_dists(weights: str | None = None, trunk_weights: str | None = None, *, tiny: bool = False,
                random_init: int | None = None) -> DISTS:
-  """DISTS with the authors' alpha / beta (default: the installed DISTS_pytorch's weights.pt) on torchvision's VGG16
-  (default: the vgg16 backbone's offline weights). tiny / random_init: random weights (tests; not DISTS)."""
+  """DISTS with the authors' alpha / beta (default: default_weights(), the fetched file or the installed package's) on
+  torchvision's VGG16 (default: the vgg16 backbone's offline weights). tiny / random_init: random weights (tests; not
+  DISTS). Missing alpha / beta are refused before the trunk is read."""
+  if weights is None and not (tiny or random_init is not None) and default_weights() is None:
+    raise UserError(f'dists: its learned alpha / beta are not on this machine: run `{FETCH}` once (20 kB from the '
+                    f'{PACKAGE} {VERSION} wheel, MIT; or `{INSTALL}`), or pass weights= its weights.pt')
   backbone = vgg_lib.vgg16(weights=trunk_weights, random_init=random_init, tiny=tiny)
   blocks = tuple(tuple(b) for b in (vgg_lib.TINY_BLOCKS if tiny else vgg_lib.BLOCKS))
   n = sum(channels(blocks))
@@ -183,11 +244,7 @@ def load_dists(weights: str | None = None, trunk_weights: str | None = None, *, 
     beta = rng.normal(0.1, 0.01, n).astype(np.float32)
     wid = f'random:{0 if random_init is None else int(random_init)}'
   else:
-    if weights is None:
-      weights = package_weights()
-      if weights is None:
-        raise UserError(f'dists: the learned DISTS weights ship in the {PACKAGE} wheel: `{INSTALL}` (MIT, 20 kB), or '
-                        'pass weights= its weights.pt')
+    weights = default_weights() if weights is None else weights
     alpha, beta, digest = read_alpha_beta(weights)
     if alpha.size != n or beta.size != n:
       raise UserError(f'{weights}: alpha / beta hold {alpha.size} / {beta.size} weights; DISTS on this VGG16 needs {n}')

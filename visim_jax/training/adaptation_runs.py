@@ -316,6 +316,7 @@ def describe_epoch_rules(hp: Hparams, n: int, k: int) -> dict:
   primary = hp.headline_rule(hp.n_val(n))
   if primary != hp.select_epoch:
     rules['fallback'] = (f'the headline is the last epoch: {hp.n_val(n)} validation pairs per run are fewer than '
-                         f'min_val_pairs={hp.min_val_pairs}, too few to pick an epoch on (the val-selected epoch is '
-                         'still reported beside it)')
+                         f'min_val_pairs={hp.min_val_pairs}, too few to pick an epoch on; the val- and test-selected '
+                         'epochs are in metrics.json, not in the console table (an argmax over epochs of so few pairs '
+                         'moves with float rounding: those digits would differ between CPUs)')
   return {'primary': primary, **rules}
