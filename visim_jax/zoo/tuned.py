@@ -17,6 +17,7 @@ import os
 
 import jax
 
+from visim_jax.data.preprocess import Preprocess
 from visim_jax.zoo.interface import (Similarity, backbone_from, backbone_identity, bad, cosine_distance, file_sha,
                                      pooled_featurizer, run_file)
 
@@ -50,7 +51,9 @@ def tuned_backbone(spec: str, path: str):
     final, stages = base.apply_fn(v['tower'], x)
     return final, {**stages, STAGE: tower_step.embed(hp, bare, v['head'], v['tower'], x)}
   sha = file_sha(path)
-  tuned = dataclasses.replace(base, apply_fn=apply_fn, variables={'tower': variables, 'head': head},
+  pre = meta.get('preprocessing')   # the pixels it was tuned on (config.pixels='alignet': AligNet's [0, 1])
+  pre = base.preprocess if not pre else Preprocess(**{k: tuple(v) if isinstance(v, list) else v for k, v in pre.items()})
+  tuned = dataclasses.replace(base, apply_fn=apply_fn, variables={'tower': variables, 'head': head}, preprocess=pre,
                               layers=(STAGE,), weights_id=f'tuned:{sha}',
                               description=f'{base.name} tuned ({meta["tune"]}) by {meta.get("workdir", path)}')
   return tuned, meta
