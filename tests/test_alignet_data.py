@@ -1,0 +1,80 @@
+"""AligNet's released triplet files (data/alignet.py) and the grain batches of data/grain_data.py: the layout is
+read as published, a bad file is one line naming the file and the key, two processes' shares make one process's
+batch, and an iterator restored from its state reads on as the uninterrupted one."""
+import os
+
+import numpy as np
+import pytest
+
+from test_tune import write_alignet
+from visim_jax.core.errors import UserError
+from visim_jax.data import alignet, grain_data
+
+
+def test_reads_the_released_layout(tmp_path):
+  write_alignet(tmp_path, n_train=20, n_val=5, transform='uncertainty_distillation', sampling='within_class')
+  p = alignet.path(str(tmp_path), 'uncertainty_distillation', 'val', 'within_class')
+  assert p == os.path.join(tmp_path, 'uncertainty_distillation', 'val_within_class.npz')
+  s = alignet.load(p, 40)
+  z = np.load(p)
+  np.testing.assert_array_equal(s.triplets, z['indices'])
+  np.testing.assert_allclose(s.target, z['similarities'], rtol=1e-7)   # [s01, s02, s12]: our column order
+  assert s.target_kind == 'similarities' and s.triplets.dtype == np.int32 and len(s) == 5
+
+
+def _write(path, **arrays):
+  np.savez(path, **arrays)
+  return str(path)
+
+
+@pytest.mark.parametrize('change, match', [
+    (dict(indices=None), r"key 'indices' missing"),
+    (dict(similarities=None), r"key 'similarities' missing"),
+    (dict(indices=np.zeros((4, 2), np.int64)), r"key 'indices' must be a non-empty \(N, 3\) array of integers"),
+    (dict(indices=np.ones((4, 3)) * 0.5), r"key 'indices' must be .* integers"),
+    (dict(similarities=np.zeros((3, 3))), r"key 'similarities' must be .* with N as in indices"),
+    (dict(filenames=np.zeros((4, 3))), r"key 'filenames' must be .* strings"),
+    (dict(indices=np.array([[0, 1, 2]] * 3 + [[0, 1, 40]])), r"key 'indices' row 3 holds \[0, 1, 40\], outside 0\.\.39"),
+    (dict(indices=np.array([[0, 1, 2]] * 3 + [[5, 5, 2]])), r"key 'indices' row 3 repeats an image"),
+    (dict(similarities=np.array([[1., 0, 0]] * 3 + [[np.nan, 0, 0]])), r"key 'similarities' row 3 holds non-finite"),
+])
+def test_a_bad_file_is_one_line_naming_file_and_key(tmp_path, change, match):
+  arrays = dict(indices=np.array([[0, 1, 2]] * 4), similarities=np.array([[0.9, 0.5, 0.1]] * 4),
+                filenames=np.array([['a', 'b', 'c']] * 4))
+  arrays.update(change)
+  p = _write(tmp_path / 'train_x.npz', **{k: v for k, v in arrays.items() if v is not None})
+  with pytest.raises(UserError, match=match) as e:
+    alignet.load(p, 40)
+  assert str(e.value).startswith(p) and '\n' not in str(e.value)
+  with pytest.raises(UserError, match='not found'):
+    alignet.load(str(tmp_path / 'nope.npz'))
+  (tmp_path / 'garbled.npz').write_bytes(b'PK\x03\x04 not a zip')
+  with pytest.raises(UserError, match='garbled.npz: not a readable .npz file'):
+    alignet.load(str(tmp_path / 'garbled.npz'))
+
+
+def test_grain_batches_shares_and_state():
+  """Step s's batch depends on (seed, s): each epoch a fresh permutation (seed + epoch), batches run across an
+  epoch's end; rows lo:hi are a process's share; set_state(get_state()) reads on as the uninterrupted iterator."""
+  table = np.arange(10 * 2 * 2 * 3, dtype=np.uint8).reshape(10, 2, 2, 3)
+  tri = np.random.RandomState(0).randint(0, 10, (11, 3))
+  tgt = np.arange(11, dtype=np.float32)
+  one = list(grain_data.iterate(grain_data.triplet_batches(tri, tgt, grain_data.TableImages(table), 4, 3, 8),
+                                threads=0))
+  assert len(one) == 8 and one[0][0].shape == (4, 3, 2, 2, 3)
+  rows = np.concatenate([t for _, t in one]).astype(int)   # the targets are the triplet rows
+  for e in range(2):   # every row once an epoch (11 rows: the first 22 reads), two different permutations
+    assert sorted(rows[11 * e:11 * (e + 1)]) == list(range(11))
+  assert list(rows[:11]) != list(rows[11:22])
+  np.testing.assert_array_equal(one[5][0], table[tri[rows[20:24]]])
+  halves = [list(grain_data.iterate(grain_data.triplet_batches(tri, tgt, grain_data.TableImages(table), 4, 3, 8,
+                                                               lo, lo + 2), threads=0)) for lo in (0, 2)]
+  for s in range(8):
+    np.testing.assert_array_equal(np.concatenate([halves[0][s][0], halves[1][s][0]]), one[s][0])
+  ds = grain_data.triplet_batches(tri, tgt, grain_data.TableImages(table), 4, 3, 8)
+  it = grain_data.iterate(ds, threads=2)
+  for _ in range(3):
+    next(it)
+  again = grain_data.iterate(ds, threads=2)
+  again.set_state(it.get_state())
+  np.testing.assert_array_equal(np.stack([t for _, t in again]), np.stack([t for _, t in one[3:]]))
