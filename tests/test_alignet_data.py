@@ -59,22 +59,20 @@ def test_grain_batches_shares_and_state():
   table = np.arange(10 * 2 * 2 * 3, dtype=np.uint8).reshape(10, 2, 2, 3)
   tri = np.random.RandomState(0).randint(0, 10, (11, 3))
   tgt = np.arange(11, dtype=np.float32)
-  one = list(grain_data.iterate(grain_data.triplet_batches(tri, tgt, grain_data.TableImages(table), 4, 3, 8),
-                                threads=0))
+  one = list(grain_data.triplet_batches(tri, tgt, grain_data.TableImages(table), 4, 3, 8, threads=0))
   assert len(one) == 8 and one[0][0].shape == (4, 3, 2, 2, 3)
   rows = np.concatenate([t for _, t in one]).astype(int)   # the targets are the triplet rows
   for e in range(2):   # every row once an epoch (11 rows: the first 22 reads), two different permutations
     assert sorted(rows[11 * e:11 * (e + 1)]) == list(range(11))
   assert list(rows[:11]) != list(rows[11:22])
   np.testing.assert_array_equal(one[5][0], table[tri[rows[20:24]]])
-  halves = [list(grain_data.iterate(grain_data.triplet_batches(tri, tgt, grain_data.TableImages(table), 4, 3, 8,
-                                                               lo, lo + 2), threads=0)) for lo in (0, 2)]
+  halves = [list(grain_data.triplet_batches(tri, tgt, grain_data.TableImages(table), 4, 3, 8, lo, lo + 2, threads=0))
+            for lo in (0, 2)]
   for s in range(8):
     np.testing.assert_array_equal(np.concatenate([halves[0][s][0], halves[1][s][0]]), one[s][0])
-  ds = grain_data.triplet_batches(tri, tgt, grain_data.TableImages(table), 4, 3, 8)
-  it = grain_data.iterate(ds, threads=2)
+  it = grain_data.triplet_batches(tri, tgt, grain_data.TableImages(table), 4, 3, 8, threads=2)
   for _ in range(3):
     next(it)
-  again = grain_data.iterate(ds, threads=2)
+  again = grain_data.triplet_batches(tri, tgt, grain_data.TableImages(table), 4, 3, 8, threads=2)
   again.set_state(it.get_state())
   np.testing.assert_array_equal(np.stack([t for _, t in again]), np.stack([t for _, t in one[3:]]))

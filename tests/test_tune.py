@@ -284,7 +284,7 @@ def test_alignet_release_over_mocked_imagenet_resumes_after_kill_9(tmp_path):
                      cwd=ROOT)
   assert r.returncode == -9, r.stderr[-3000:]
   state = json.load(open(tmp_path / 'killed' / 'checkpoints' / '3' / 'data' / 'process_0-of-1.json'))
-  assert state == {'next_index': 3}
+  assert state == {'next_index': 3 * 3 * 4}   # 3 steps of 4 triplets: 36 images read
   with tfds.testing.mock_data(num_examples=40):
     resumed = tune.run(alignet_tiny(tmp_path), str(tmp_path / 'killed'), progress=False)
   assert resumed['results'] == full['results'] and resumed['fingerprint'] == full['fingerprint']

@@ -82,8 +82,8 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
               f'{n_dev} device(s); memory estimate {sum(parts.values()) / 2**20:,.0f} MiB a device')
 
   lo, hi = _process_rows(opts.batch_size)
-  batches = grain_data.iterate(grain_data.triplet_batches(train.triplets, train.target, images, opts.batch_size,
-                                                          opts.seed, steps, lo, hi), opts.worker_count)
+  batches = grain_data.triplet_batches(train.triplets, train.target, images, opts.batch_size, opts.seed, steps, lo,
+                                       hi, opts.worker_count)
   state0, frozen = tower_step.init_state(hp, tower, backbone.variables, key, image_shape)
   state0, frozen = tower_step.place(mesh, state0, frozen)
   program = tower_step.step_program(hp, tower, mesh)
@@ -167,7 +167,7 @@ def _evaluate(eval_hp, mesh, images, rows, pos, target, fo, embed, trainable, fr
   split over the devices), then head_step.evaluate's rule on the triplets (the heads' experiments use the same)."""
   bs = sharding.padded(min(fo.image_batch_size, len(rows)), mesh)
   out = []
-  for n, x in grain_data.iterate(grain_data.image_batches(rows, images, bs)):
+  for n, x in grain_data.image_batches(rows, images, bs):
     e = embed(trainable, frozen, sharding.to_global(x, sharding.batch_sharding(mesh, x.ndim)))
     out.append(np.asarray(sharding.to_host(e))[:n])
   feats = np.concatenate(out)
