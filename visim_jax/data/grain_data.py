@@ -113,6 +113,16 @@ class TfdsImages:
   def describe(self) -> dict:
     return {'kind': 'tfds', 'name': self.name, 'split': self.split, 'n': len(self)}
 
+  def loader(self, items: Sequence[int], pre) -> np.ndarray:
+    """features.extract's `loader`: (B, S, S, 3) of the records `items`, resized by `pre`."""
+    return np.stack([images_lib.resize(images_lib.from_array(self.source[int(i)]['image']), pre) for i in items])
+
+
+def rows_digest(rows: np.ndarray) -> str:
+  """A short hash of a source's row list (a feature cache key)."""
+  import hashlib
+  return hashlib.sha256(np.asarray(rows, np.int64).tobytes()).hexdigest()[:16]
+
 
 # ------------------------------------------------------------------------------------------------ datasets
 
