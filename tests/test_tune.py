@@ -263,31 +263,34 @@ def kill9(phase, step, directory):
 runtime.FAULT_HOOK = kill9
 tmp = pathlib.Path(sys.argv[2])
 with tfds.testing.mock_data(num_examples=40):
-  tune.run(alignet_tiny(tmp), str(tmp / 'killed'), progress=False)
+  tune.run(alignet_tiny(tmp, things_dir=sys.argv[3], things_file=sys.argv[4]), str(tmp / 'killed'), progress=False)
 '''
 
 
-def test_alignet_release_over_mocked_imagenet_resumes_after_kill_9(tmp_path):
+def test_alignet_release_over_mocked_imagenet_resumes_after_kill_9(tmp_path, human_demo_sets):
   """`:alignet` trains on the released layout over mocked TFDS ImageNet through grain (AligNet's [0, 1] pixels, the
   affine head, full tuning, JSD on dot products); a run killed with SIGKILL after its step-3 checkpoint resumes
   from the grain iterator's saved state and ends as the uninterrupted run: the same per-step losses (the same
-  batches), the same tuned tower."""
+  batches), the same tuned tower; then THINGS odd-one-out of the frozen and the tuned tower (config.things_dir)."""
   import subprocess
   import tensorflow_datasets as tfds
   write_alignet(tmp_path / 'alignet')
+  things = dict(things_dir=human_demo_sets.things, things_file=human_demo_sets.things_dreamsim)
   with tfds.testing.mock_data(num_examples=40):
-    full = tune.run(alignet_tiny(tmp_path), str(tmp_path / 'full'), progress=False)
+    full = tune.run(alignet_tiny(tmp_path, **things), str(tmp_path / 'full'), progress=False)
   assert full['source'] == 'alignet' and full['n_triplets'] == {'train': 48, 'val': 12}
   assert full['hparams']['tune'] == 'full' and full['hparams']['similarity'] == 'dot'
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': ROOT + os.pathsep + os.environ.get('PYTHONPATH', '')}
-  r = subprocess.run([sys.executable, '-c', _KILLED, ROOT, str(tmp_path)], capture_output=True, text=True, env=env,
-                     cwd=ROOT)
+  r = subprocess.run([sys.executable, '-c', _KILLED, ROOT, str(tmp_path), *things.values()], capture_output=True,
+                     text=True, env=env, cwd=ROOT)
   assert r.returncode == -9, r.stderr[-3000:]
   state = json.load(open(tmp_path / 'killed' / 'checkpoints' / '3' / 'data' / 'process_0-of-1.json'))
   assert state == {'next_index': 3 * 3 * 4}   # 3 steps of 4 triplets: 36 images read
   with tfds.testing.mock_data(num_examples=40):
-    resumed = tune.run(alignet_tiny(tmp_path), str(tmp_path / 'killed'), progress=False)
+    resumed = tune.run(alignet_tiny(tmp_path, **things), str(tmp_path / 'killed'), progress=False)
   assert resumed['results'] == full['results'] and resumed['fingerprint'] == full['fingerprint']
+  assert full['things']['models'] == ['cosine:vit:tiny', f'tuned:{tmp_path / "full"}']
+  assert set(full['things']['results'][full['things']['models'][1]]) == {'things'}
   a, b = np.load(tmp_path / 'full' / 'curves.npz'), np.load(tmp_path / 'killed' / 'curves.npz')
   for k in a.files:
     np.testing.assert_array_equal(a[k], b[k])

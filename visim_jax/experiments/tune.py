@@ -139,12 +139,13 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
         shown = types.SimpleNamespace(head=f'{hp.tune} tower', loss=hp.loss, tau=hp.tau, similarity=hp.similarity)
         plots.curves(tree, frozen_res, untrained, shown, rt.path('curves.png'))
     board = _leaderboard(config, rt.workdir, backbone, progress) if opts.leaderboard else None
+    things_res = _things(config, rt.workdir, backbone, progress) if opts.data['things_after'] else None
     metrics = {'experiment': 'tune', **desc, 'backbone': backbone.name, 'weights_sha256': backbone.weights_id,
                'feature': tower.feature, 'hparams': dataclasses.asdict(hp), 'batch_size': opts.batch_size,
                'n_triplets': {'train': len(train), 'val': len(val)}, 'devices': n_dev, 'fsdp': opts.fsdp,
                'trainable_parameters': int(sum(np.size(l) for l in jax.tree.leaves(trainable))),
                'results': {'frozen': frozen_res, 'untrained': untrained, 'tuned': tuned},
-               'memory_estimate_bytes': parts, 'leaderboard': board,
+               'memory_estimate_bytes': parts, 'leaderboard': board, 'things': things_res,
                'timing_s': {'data': t1 - t0, 'training_and_eval': t2 - t1, 'total': time.time() - t0}}
     metrics = rt.write_metrics({**metrics, 'config': recorded})
   _print(metrics, workdir)
@@ -176,20 +177,37 @@ def _evaluate(eval_hp, mesh, images, rows, pos, target, fo, embed, trainable, fr
 
 def _leaderboard(config, workdir: str, backbone, progress: bool) -> dict:
   """The leaderboard on the demo human sets (data/human_demo.py): the frozen tower vs the tuned one."""
-  import importlib.util
   from visim_jax.experiments import benchmark
-  path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'configs',
-                      'benchmark.py')
-  spec = importlib.util.spec_from_file_location('benchmark_config', path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  c = mod.get_config('local')
+  c = _benchmark_config('local')
   tag = ':tiny' if dict(config.backbone_kwargs).get('tiny') else ''
   c.models = f'cosine:{backbone.name}{tag},tuned:{workdir}'
   c.cache_dir, c.image_batch_size, c.plots = config.cache_dir, config.image_batch_size, config.plots
   c.n_boot = 200
   s = benchmark.run(c, os.path.join(workdir, 'leaderboard'), progress)
   return {'models': s['models'], 'results': s['results']}
+
+
+def _things(config, workdir: str, backbone, progress: bool) -> dict:
+  """THINGS odd-one-out (configs/benchmark.py's protocol on config.things_dir / things_file) of the frozen tower and
+  the tuned one, after a run on AligNet's release (AligNet's configs/siglip.py leaves it as a TODO)."""
+  from visim_jax.experiments import benchmark
+  c = _benchmark_config(None)
+  tag = ':tiny' if dict(config.backbone_kwargs).get('tiny') else ''
+  c.models = f'cosine:{backbone.name}{tag},tuned:{workdir}'
+  c.things_dir, c.things_triplets = config.things_dir, config.things_file
+  c.cache_dir, c.image_batch_size, c.plots = config.cache_dir, config.image_batch_size, config.plots
+  s = benchmark.run(c, os.path.join(workdir, 'things'), progress)
+  return {'models': s['models'], 'results': s['results']}
+
+
+def _benchmark_config(arg):
+  import importlib.util
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'configs',
+                      'benchmark.py')
+  spec = importlib.util.spec_from_file_location('benchmark_config', path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config(arg)
 
 
 def _print(m: dict, workdir: str) -> None:

@@ -65,7 +65,8 @@ def parse(config) -> TuneOptions:
                               'things': (('things_dir', 'dir'), ('things_file', 'file')),
                               'folder': (('image_dir', 'dir'),),
                               'files': (('train_file', 'file'), ('val_file', 'file')), 'demo': (),
-                              'alignet': (('alignet_dir', 'dir'), ('tfds_data_dir', 'dir'))}, field='source')
+                              'alignet': (('alignet_dir', 'dir'), ('tfds_data_dir', 'dir'), ('things_dir', 'dir'),
+                                          ('things_file', 'file'))}, field='source')
   need = {'nights': ('nights_dir',), 'bapps': ('bapps_dir',), 'things': ('things_dir', 'things_file'),
           'folder': ('image_dir',), 'files': ('train_file', 'val_file'), 'alignet': ('alignet_dir',)}
   for f in need.get(src, ()):
@@ -164,7 +165,8 @@ def parse(config) -> TuneOptions:
             'train_file': config.train_file, 'val_file': config.val_file, 'demo_root': config.demo.root,
             'demo_n_pairs': config.demo.n_pairs, 'demo_seed': config.demo.seed, 'alignet_dir': config.alignet_dir,
             'sampling': config.sampling, 'val_sampling': config.val_sampling or config.sampling,
-            'tfds_data_dir': config.tfds_data_dir},
+            'tfds_data_dir': config.tfds_data_dir,
+            'things_after': src == 'alignet' and bool(config.things_dir)},
       features=features, teacher=teacher, teacher_similarity=config.teacher.similarity,
       triplets=dict(n_train=trip.n_train, n_val=trip.n_val, clusters=trip.clusters, sampling=trip.sampling,
                     val_fraction=float(trip.val_fraction), kmeans_iters=trip.kmeans_iters),
