@@ -76,3 +76,52 @@ def test_grain_batches_shares_and_state():
   again = grain_data.triplet_batches(tri, tgt, grain_data.TableImages(table), 4, 3, 8, threads=2)
   again.set_state(it.get_state())
   np.testing.assert_array_equal(np.stack([t for _, t in again]), np.stack([t for _, t in one[3:]]))
+
+
+def _cv2_cubic_loop(a, out_w, out_h):
+  """OpenCV's INTER_CUBIC on uint8 written as plain loops (imgproc/resize.cpp: float32 source coordinates, Keys' cubic
+  A = -0.75, weights rounded to 11 bits, edge-clamped taps, the integer row pass, then the column pass as its
+  vectorised float32 multiply-add chain from the last tap, rounded half to even and saturated)."""
+  def taps(n_in, n_out, d):
+    fx = np.float32((d + 0.5) * (1.0 / (n_out / n_in)) - 0.5)
+    sx = int(np.floor(fx))
+    x = np.float32(fx - np.float32(sx))
+    A, one = np.float32(-0.75), np.float32(1)
+    c = [((A * (x + one) - 5 * A) * (x + one) + 8 * A) * (x + one) - 4 * A,
+         ((A + 2) * x - (A + 3)) * x * x + one, ((A + 2) * (one - x) - (A + 3)) * (one - x) * (one - x) + one]
+    c.append(one - c[0] - c[1] - c[2])
+    return [min(max(sx - 1 + k, 0), n_in - 1) for k in range(4)], [int(np.rint(np.float32(v) * np.float32(2048)))
+                                                                    for v in c]
+  h, w, ch = a.shape
+  rows = np.zeros((h, out_w, ch), np.int64)
+  for y in range(h):
+    for d in range(out_w):
+      ix, wx = taps(w, out_w, d)
+      for c in range(ch):
+        rows[y, d, c] = sum(int(a[y, ix[k], c]) * wx[k] for k in range(4))
+  out = np.zeros((out_h, out_w, ch), np.uint8)
+  for d in range(out_h):
+    iy, wy = taps(h, out_h, d)
+    b = [np.float32(np.float32(v) * np.float32(2.0 ** -22)) for v in wy]
+    for x in range(out_w):
+      for c in range(ch):
+        acc = np.float32(np.float64(rows[iy[3], x, c]) * np.float64(b[3]))
+        for k in (2, 1, 0):
+          acc = np.float32(np.float64(rows[iy[k], x, c]) * np.float64(b[k]) + np.float64(acc))
+        out[d, x, c] = min(max(int(np.rint(acc)), 0), 255)
+  return out
+
+
+@pytest.mark.parametrize('shape, size', [((23, 31, 3), 12), ((9, 7, 3), 16), ((40, 13, 3), 21)])
+def test_cv2_cubic_resize_equals_the_plain_loop(shape, size):
+  """AligNet's pixels: `alignet_preprocess` resizes as cv2.resize(INTER_CUBIC) (shrinking without antialiasing,
+  enlarging), then [0, 1] on the device."""
+  import dataclasses
+  from visim_jax.data import images
+  from visim_jax.data.image_batches import alignet_preprocess
+  a = np.random.RandomState(sum(shape)).randint(0, 256, shape).astype(np.uint8)
+  a[::3] = 255   # hard edges: the kernel's negative lobes overshoot and saturate
+  pre = dataclasses.replace(alignet_preprocess(224), size=size)
+  np.testing.assert_array_equal(images.resize(images.from_array(a), pre), _cv2_cubic_loop(a, size, size))
+  x = np.asarray(pre.normalise(np.full((1, size, size, 3), 255, np.uint8)))
+  assert pre.interpolation == 'cv2_cubic' and np.allclose(x, 1.0)

@@ -16,8 +16,8 @@ No image augmentation: neither DreamSim (Resize + ToTensor) nor AligNet (a cubic
 
 alignet_preprocess(): AligNet's configs/siglip.py pipeline, preprocessing.ResizeImage (cv2.resize INTER_CUBIC to
 224 x 224, the aspect ratio not kept) then kd.data.ValueRange (0, 255) -> (0, 1), fed to the SigLIP tower as is
-(big_vision's SigLIP was pretrained on [-1, 1]; AligNet's code feeds [0, 1]). Ours: PIL's bicubic (antialiased when
-shrinking, rounded to uint8; cv2's INTER_CUBIC is a = -0.75 without antialiasing) and x / 255 on the device.
+(big_vision's SigLIP was pretrained on [-1, 1]; AligNet's code feeds [0, 1]). Ours: interpolation 'cv2_cubic'
+(data/images.py: OpenCV's resize.cpp INTER_CUBIC in NumPy, without depending on cv2) and x / 255 on the device.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ AUGMENT = ('none',)
 
 def alignet_preprocess(size: int = 224) -> Preprocess:
   """AligNet's pixels (module docstring) at `size` (AligNet: 224, SigLIP B/16 224's input)."""
-  return Preprocess(size=size, resize='squash', interpolation='bicubic', mean=(0.0,) * 3, std=(255.0,) * 3)
+  return Preprocess(size=size, resize='squash', interpolation='cv2_cubic', mean=(0.0,) * 3, std=(255.0,) * 3)
 
 
 def pixel_table(paths: Sequence[str], pre, image_cache: str | None = None, batch_size: int = 64,
