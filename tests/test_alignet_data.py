@@ -125,3 +125,22 @@ def test_cv2_cubic_resize_equals_the_plain_loop(shape, size):
   np.testing.assert_array_equal(images.resize(images.from_array(a), pre), _cv2_cubic_loop(a, size, size))
   x = np.asarray(pre.normalise(np.full((1, size, size, 3), 255, np.uint8)))
   assert pre.interpolation == 'cv2_cubic' and np.allclose(x, 1.0)
+
+
+def test_worker_processes_read_the_batches_threads_read():
+  """worker_count > 0 (grain's mp_prefetch, each worker a whole batch): the same batches in the same order as the
+  threads, and a state taken mid-run resumes there."""
+  table = np.arange(10 * 2 * 2 * 3, dtype=np.uint8).reshape(10, 2, 2, 3)
+  tri = np.random.RandomState(1).randint(0, 10, (11, 3))
+  tgt = np.arange(11, dtype=np.float32)
+  make = lambda **kw: grain_data.triplet_batches(tri, tgt, grain_data.TableImages(table), 4, 5, 6, 1, 3, **kw)
+  want = list(make(threads=0))
+  it = make(worker_count=2)
+  got = [next(it) for _ in range(2)]
+  again = make(worker_count=2)
+  again.set_state(it.get_state())
+  got += list(again)
+  assert len(got) == 6
+  for (x, t), (y, u) in zip(got, want):
+    np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(t, u)
