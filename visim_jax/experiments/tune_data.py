@@ -68,6 +68,9 @@ def load(opts, progress: bool = True):
                                                                  'transform': 'untransformed'}, **opts.triplets)
     except ValueError as e:   # too few images for the split / clusters for the sampling
       raise UserError(f'config.triplets: {e}') from None
+  if src == 'alignet':   # the files index ImageNet's train split
+    return train, val, {'source': src, 'target': train.target_kind, 'n_images': n, 'transform': opts.transform,
+                        'files': [train.meta['file'], val.meta['file']]}
   return train, val, {'source': src, 'target': train.target_kind, 'n_images': len(train.images)}
 
 
