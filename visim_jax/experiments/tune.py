@@ -13,7 +13,8 @@ an uninterrupted one reads) -> held-out accuracy after each chunk.
 
 Outputs: tuned.npz (training/tuned_file.py: the LoRA factors or the tuned tower, the head, the meta `tuned:` reads),
 curves.npz / curves.png, triplets_{train,val}.npz (teacher sources), leaderboard/ (config.leaderboard: the demo
-human sets, `cosine:<backbone>` vs `tuned:<workdir>`), metrics.json last.
+human sets, `cosine:<backbone>` vs `tuned:<workdir>`), things/ (source 'alignet' with config.things_dir: THINGS
+odd-one-out of both), metrics.json last.
 """
 from __future__ import annotations
 
