@@ -7,7 +7,9 @@ r"""The extraction input pipeline (visim_jax/data/pipeline.py): decode rates, mo
 Writes --files synthetic photo-like JPEGs (500 x 375, quality 90: ImageNet's typical size) and measures, each
 as images per second (median of --repeats, with the load average):
   decode_1_thread      images.load_image one after the other (what one core does)
-  decode_threads       pipeline.host_batches, one thread per host core (what the extraction loop reads)
+  decode_threads       pipeline.host_batches, one thread per host core (what the extraction loop reads): grain
+  decode_grain_vs_thread_pool   host_batches through grain against the per-image thread pool it replaced (the
+                       same workers, `prefetch` batches ahead), interleaved (benchmarks/interleaved.py)
   decode_processes     a process pool (forkserver, started before timing) over the same per-image function
                        (chunked map; pixels pickled back)
   decode_old_loop      the previous loop's host side: load_batch per batch on a 4-thread pool, 2 batches ahead
@@ -52,6 +54,7 @@ _DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Our com
 _SINGLE = flags.DEFINE_integer('single_files', 64, 'Files of the one-thread decode rate.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed repeats of each decode measurement.')
 _ALT = flags.DEFINE_integer('alternations', 3, 'Interleaved end-to-end alternations.')
+_DECODE_ONLY = flags.DEFINE_bool('decode_only', False, 'Only decode_threads and decode_grain_vs_thread_pool.')
 
 
 def say(msg):
@@ -124,6 +127,28 @@ def old_decode(paths, pre, batch_size, num_threads=4):
         futures.append(ex.submit(images.load_batch, batches[i + 2], pre))
 
 
+def thread_pool_decode(paths, pre, batch_size, workers, prefetch=4):
+  """pipeline.host_batches's decode loop before grain (up to 0df7b0e): one future per image on a thread pool,
+  max(prefetch * batch_size, 2 * workers) images ahead, batches filled in order."""
+  import collections  # pylint: disable=g-import-not-at-top
+  n_total = len(paths)
+  with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+    window, submitted, ahead = collections.deque(), 0, max(prefetch * batch_size, 2 * workers)
+
+    def top_up():
+      nonlocal submitted
+      while submitted < n_total and len(window) < ahead:
+        window.append(ex.submit(images.load_image, paths[submitted], pre))
+        submitted += 1
+    top_up()
+    for start in range(0, n_total, batch_size):
+      n = min(batch_size, n_total - start)
+      x = np.zeros((batch_size, pre.size, pre.size, 3), pipeline.pixel_dtype(pre))
+      for j in range(n):
+        x[j] = window.popleft().result()
+        top_up()
+
+
 def tf_data_decode(paths, pre, batch_size):
   """tf.data over the same per-image PIL function (tf.numpy_function, AUTOTUNE parallelism, prefetch); None
   without tensorflow."""
@@ -162,6 +187,16 @@ def main(_):
     result['decode_1_thread']['files'] = len(one)
     result['decode_threads'] = rate(n, lambda: drain(workers=cores), r)
     result['decode_threads']['workers'] = cores
+    times = interleaved.interleaved({'ours': lambda: drain(workers=cores),
+                                     'reference': lambda: thread_pool_decode(paths, pre, b, cores)}, _ALT.value)
+    result['decode_grain_vs_thread_pool'] = interleaved.compare(times['ours'], times['reference'], work=n,
+                                                                unit='images')
+    if _DECODE_ONLY.value:
+      result['rows'] = [interleaved.row(f'decode {n} JPEGs 500x375 -> {pre.size} px, batch {b}, {cores} threads',
+                                        result['decode_grain_vs_thread_pool'], 'grain (data/grain_data.py)',
+                                        'thread pool (host_batches before)', 'images')]
+      print(json.dumps(result, indent=1), flush=True)
+      return
 
     import multiprocessing  # pylint: disable=g-import-not-at-top
     with concurrent.futures.ProcessPoolExecutor(cores, mp_context=multiprocessing.get_context('forkserver')) as ex:

@@ -31,7 +31,7 @@ from visim_jax.experiments import config_fields
 def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.experiment = 'learn_triplets'
-  c.source = 'demo'            # 'demo' | 'folder' | 'files' | 'synthetic' | 'things' | 'nights'
+  c.source = 'demo'            # 'demo' | 'folder' | 'files' | 'synthetic' | 'things' | 'nights' | 'alignet'
   c.image_dir = ''             # 'folder': the image set the teacher labels
   c.train_file = ''            # 'files': index files (visim_jax/data/triplet_index.py format)
   c.val_file = ''
@@ -39,6 +39,12 @@ def get_config(arg=None):
   c.things_file = ''
   c.nights_dir = ''            # 'nights': data.csv, ref/, distort/ (train and val splits)
   c.min_votes = 6              # 'nights': DreamSim's filter
+  # 'alignet': AligNet's release, <alignet_dir>/<transform>/{train,val}_<sampling>.npz over TFDS imagenet2012 train
+  c.alignet_dir = ''
+  c.transform = 'untransformed'  # 'untransformed' | 'uncertainty_distillation'
+  c.sampling = 'cluster_border_500'
+  c.val_sampling = ''          # '' = sampling
+  c.tfds_data_dir = ''         # '' = TFDS's default
   c.demo = ml_collections.ConfigDict({'root': '', 'n_pairs': 96, 'seed': 0})
   c.synthetic = ml_collections.ConfigDict({'n_images': 512, 'dim': 32, 'teacher_dim': 16, 'seed': 0})
   c.teacher = ml_collections.ConfigDict({'backbone': 'vgg16', 'layers': '', 'similarity': 'cosine'})

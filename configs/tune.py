@@ -4,6 +4,7 @@ r"""Tuning the tower: DreamSim's LoRA or AligNet's full fine-tuning on image tri
   python -m visim_jax.main --config=configs/tune.py:single --workdir=workdirs/tune_dino --config.nights_dir=/data/nights
   python -m visim_jax.main --config=configs/tune.py:full --workdir=workdirs/alignet \
       --config.image_dir=/data/images --config.teacher.backbone=siglip_b16_384
+  python -m visim_jax.main --config=configs/tune.py:alignet --workdir=workdirs/alignet --config.alignet_dir=/data/alignet
   python -m visim_jax.main --config=configs/tune.py:local --workdir=/tmp/tune_local    # tiny random ViT, seconds
   python -m visim_jax.main --config=configs/tune.py:demo --workdir=workdirs/tune_demo   # offline, real weights
 then rank the result:
@@ -34,7 +35,7 @@ from visim_jax.experiments import config_fields
 def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.experiment = 'tune'
-  c.source = 'nights'          # 'nights' | 'bapps' | 'things' | 'demo' | 'folder' | 'files'
+  c.source = 'nights'          # 'nights' | 'bapps' | 'things' | 'demo' | 'folder' | 'files' | 'alignet'
   c.nights_dir = ''            # 'nights': data.csv, ref/, distort/ (train split; held-out: val)
   c.min_votes = 6              # 'nights': DreamSim's filter
   c.bapps_dir = ''             # 'bapps': BAPPS dataset/ (2afc/train/<set>, 2afc/val/<set>)
@@ -50,6 +51,14 @@ def get_config(arg=None):
   c.triplets = ml_collections.ConfigDict({'n_train': 100_000, 'n_val': 2_000, 'clusters': 500,
                                           'sampling': 'border', 'val_fraction': 0.2, 'kmeans_iters': 10})
   c.transform = 'untransformed'  # teacher similarities as computed (AligNet's 'untransformed' data variant)
+  # 'alignet': AligNet's release, <alignet_dir>/<transform>/{train,val}_<sampling>.npz (transform 'untransformed' |
+  # 'uncertainty_distillation'), images from tfds.data_source('imagenet2012', split='train') under tfds_data_dir
+  c.alignet_dir = ''
+  c.sampling = 'cluster_border_500'
+  c.val_sampling = ''          # '' = sampling
+  c.tfds_data_dir = ''         # '' = TFDS's default (~/tensorflow_datasets)
+  c.pixels = 'backbone'        # 'backbone' (its own preprocessing) | 'alignet' (cubic squash to 224, [0, 1])
+  c.worker_count = 0           # grain's decoding processes (0: threads of this process)
   c.augment = 'none'           # image augmentation: none (DreamSim and AligNet)
 
   # the tower (backbone fields: backbone, backbone_kwargs, layers, image_batch_size (evaluation), dtype, cache_dir)
@@ -92,6 +101,7 @@ def get_config(arg=None):
   c.eval_every = 1000
   c.checkpoint = True
   c.checkpoint_every = 1000
+  c.keep_checkpoints = 2       # the newest checkpoints kept
   c.plots = True
   c.leaderboard = False        # after training: the leaderboard on the demo human sets, frozen vs tuned
 
@@ -107,6 +117,14 @@ def get_config(arg=None):
     c.lr, c.b1, c.weight_decay, c.schedule, c.warmup = 3e-5, 0.9, 1.0, 'cosine', 5000
     c.steps, c.batch_size, c.seed = 100_000, 512, 42
     c.eval_every, c.checkpoint_every = 5000, 10000
+  elif arg == 'alignet':   # AligNet's configs/siglip.py field by field (docs/tuning.md "AligNet's release")
+    c.source, c.alignet_dir, c.transform, c.sampling = 'alignet', '', 'untransformed', 'cluster_border_500'
+    c.pixels, c.image_cache = 'alignet', False
+    c.backbone, c.feature, c.head, c.head_size = 'siglip_b16_224', 'pooled', 'affine', 1024   # MAP pooling
+    c.tune, c.loss, c.similarity, c.tau, c.target_tau = 'full', 'jsd', 'dot', 100.0, 1.0
+    c.lr, c.b1, c.b2, c.weight_decay, c.schedule, c.warmup = 3e-5, 0.9, 0.999, 1.0, 'cosine', 5000
+    c.steps, c.batch_size, c.seed = 100_000, 512, 42
+    c.eval_every, c.checkpoint_every, c.keep_checkpoints = 5000, 10000, 3
   elif arg in ('local', 'demo'):
     c.source = 'demo'
     c.teacher.backbone = 'alexnet'
@@ -123,5 +141,5 @@ def get_config(arg=None):
       c.lora.targets = 'conv_head,blocks_15/project_conv,blocks_14/project_conv'
       c.steps, c.batch_size, c.eval_every, c.checkpoint_every = 60, 8, 20, 20
   elif arg:
-    raise ValueError(f'configs/tune.py: unknown argument {arg!r} (known: single, full, local, demo)')
+    raise ValueError(f'configs/tune.py: unknown argument {arg!r} (known: single, full, alignet, local, demo)')
   return c

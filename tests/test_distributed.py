@@ -129,3 +129,48 @@ def test_simnet_two_processes_equal_one(tmp_path):
   assert two['processes'] == 2 and one['processes'] == 1
   assert two['results'] == one['results'] and two['simnet_star'] == one['simnet_star']
   assert {int(s) for s in os.listdir(tmp_path / 'two' / 'checkpoints')} == {80, 120}
+
+
+TUNE_CHILD = """
+import json, os, sys, pathlib
+import jax
+jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+pid, nproc, port, tmp, wd = sys.argv[1:6]
+if int(nproc) > 1:
+  jax.distributed.initialize(f'localhost:{port}', int(nproc), int(pid))
+sys.path.insert(0, os.path.join(os.getcwd(), 'tests'))
+import tensorflow_datasets as tfds
+from test_tune import alignet_tiny
+from visim_jax.experiments import tune
+with tfds.testing.mock_data(num_examples=40):
+  m = tune.run(alignet_tiny(pathlib.Path(tmp), steps=4, eval_every=2, checkpoint_every=4), wd, progress=False)
+if jax.process_index() == 0:
+  json.dump({'results': m['results'], 'devices': m['devices']}, open(os.path.join(wd, 'child.json'), 'w'))
+"""
+
+
+def test_tune_two_processes_read_disjoint_shares_and_equal_one(tmp_path):
+  """`:alignet` (tiny) over mocked TFDS ImageNet on 2 jax.distributed processes: each reads its half of every
+  step's batch through grain (its own iterator state in the checkpoint) and the run ends as 1 process does."""
+  import json
+  from test_tune import write_alignet
+  write_alignet(tmp_path / 'alignet')
+  base = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'TPU_', 'JAX_COORD', 'VISIM_DIST'))}
+  base.update(JAX_PLATFORMS='cpu', PYTHONPATH=ROOT + os.pathsep + base.get('PYTHONPATH', ''))
+
+  def jobs(port):
+    shutil.rmtree(tmp_path / 'two', ignore_errors=True)
+    shutil.rmtree(tmp_path / 'one', ignore_errors=True)
+    job = lambda pid, nproc, wd: dict(args=[sys.executable, '-c', TUNE_CHILD, str(pid), str(nproc), str(port),
+                                            str(tmp_path), str(wd)], cwd=ROOT, env=base)
+    return [job(i, 2, tmp_path / 'two') for i in range(2)] + [job(0, 1, tmp_path / 'one')]
+  for rc, log in subprocs.free_port_run(jobs):
+    assert rc == 0, log[-3000:]
+  two, one = (json.load(open(tmp_path / w / 'child.json')) for w in ('two', 'one'))
+  assert two['devices'] == 2 and one['devices'] == 1
+  for k in ('frozen', 'tuned'):
+    for q in ('accuracy', 'loss'):
+      assert two['results'][k][q] == pytest.approx(one['results'][k][q], rel=1e-4, abs=1e-6)
+  data = tmp_path / 'two' / 'checkpoints' / '4' / 'data'
+  states = [json.load(open(data / f'process_{i}-of-2.json')) for i in range(2)]
+  assert states == [{'next_index': 4 * 3 * 2}] * 2    # 4 steps x 2 triplets of 3 images each, per process

@@ -245,3 +245,18 @@ def test_demo_mode_offline_with_real_weights(tmp_path):
   assert all(0 <= r[k]['accuracy'] <= 1 for k in ('frozen', 'untrained', 'trained'))
   assert r['trained']['loss'] < r['untrained']['loss']
   assert os.path.isfile(tmp_path / 'demo' / 'head.npz')
+
+
+def test_alignet_release_over_mocked_imagenet(tmp_path):
+  """source='alignet': AligNet's released files (written in their layout by test_tune.write_alignet) over mocked
+  TFDS ImageNet; the student's features of the images they use, a head trained on their similarities."""
+  import tensorflow_datasets as tfds
+  from test_tune import write_alignet
+  write_alignet(tmp_path / 'alignet')
+  c = tiny(source='alignet', alignet_dir=str(tmp_path / 'alignet'), steps=4, eval_every=4, checkpoint_every=4,
+           batch_size=8, checkpoint=False, target_tau=1.0)
+  c.backbone, c.backbone_kwargs.tiny, c.cache_dir = 'alexnet', True, str(tmp_path / 'cache')
+  with tfds.testing.mock_data(num_examples=40):
+    m = lt.run(c, str(tmp_path / 'run'), progress=False)
+  assert m['source'] == 'alignet' and m['target'] == 'similarities'
+  assert all(0.0 <= m['results'][k]['accuracy'] <= 1.0 for k in ('frozen', 'trained'))

@@ -222,3 +222,85 @@ def test_eight_devices_with_fsdp_equal_one(tmp_path):
   for k in ('frozen', 'tuned'):
     for q in ('accuracy', 'loss'):
       assert out['eight']['results'][k][q] == pytest.approx(out['one']['results'][k][q], rel=1e-4, abs=1e-6)
+
+
+# ------------------------------------------------------------------------- AligNet's release over mocked ImageNet
+
+def write_alignet(root, n_images=40, n_train=48, n_val=12, transform='untransformed', sampling='cluster_border_500'):
+  """npz files in AligNet's released layout (<root>/<transform>/<split>_<sampling>.npz: indices into
+  tfds imagenet2012 train, similarities [s01, s02, s12] with the odd one last, filenames)."""
+  rng = np.random.RandomState(0)
+  os.makedirs(os.path.join(root, transform), exist_ok=True)
+  for split, n in (('train', n_train), ('val', n_val)):
+    idx = np.stack([rng.choice(n_images, 3, replace=False) for _ in range(n)]).astype(np.int64)
+    s = np.sort(rng.rand(n, 3), axis=1)[:, ::-1].copy()   # s01 >= s02 >= s12: image 2 the odd one out
+    np.savez(os.path.join(root, transform, f'{split}_{sampling}.npz'), indices=idx, similarities=s,
+             filenames=np.array([[f'n0000_{i}.JPEG' for i in r] for r in idx]))
+  return root
+
+
+def alignet_tiny(tmp, **kw):
+  """configs/tune.py:alignet with tiny overrides: a tiny random ViT, a few steps of a small batch."""
+  c = cfg.get_config('alignet')
+  c.alignet_dir, c.cache_dir, c.plots = str(tmp / 'alignet'), str(tmp / 'cache'), False
+  c.backbone, c.backbone_kwargs.tiny, c.feature, c.head_size, c.image_batch_size = 'vit', True, '', 16, 32
+  c.steps, c.batch_size, c.warmup, c.lr = 6, 4, 2, 1e-3
+  c.eval_every, c.checkpoint_every = 3, 3
+  c.update_from_flattened_dict(kw)
+  return c
+
+
+_KILLED = r'''
+import os, signal, sys, pathlib
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, os.path.join(sys.argv[1], 'tests'))
+import tensorflow_datasets as tfds
+from test_tune import alignet_tiny
+from visim_jax.experiments import tune
+from visim_jax.training import runtime
+def kill9(phase, step, directory):
+  if phase == 'after_save' and step == 3:
+    os.kill(os.getpid(), signal.SIGKILL)
+runtime.FAULT_HOOK = kill9
+tmp = pathlib.Path(sys.argv[2])
+with tfds.testing.mock_data(num_examples=40):
+  tune.run(alignet_tiny(tmp, things_dir=sys.argv[3], things_file=sys.argv[4]), str(tmp / 'killed'), progress=False)
+'''
+
+
+def test_alignet_release_over_mocked_imagenet_resumes_after_kill_9(tmp_path, human_demo_sets):
+  """`:alignet` trains on the released layout over mocked TFDS ImageNet through grain (AligNet's [0, 1] pixels, the
+  affine head, full tuning, JSD on dot products); a run killed with SIGKILL after its step-3 checkpoint resumes
+  from the grain iterator's saved state and ends as the uninterrupted run: the same per-step losses (the same
+  batches), the same tuned tower; then THINGS odd-one-out of the frozen and the tuned tower (config.things_dir)."""
+  import subprocess
+  import tensorflow_datasets as tfds
+  write_alignet(tmp_path / 'alignet')
+  things = dict(things_dir=human_demo_sets.things, things_file=human_demo_sets.things_dreamsim)
+  with tfds.testing.mock_data(num_examples=40):
+    full = tune.run(alignet_tiny(tmp_path, **things), str(tmp_path / 'full'), progress=False)
+  assert full['source'] == 'alignet' and full['n_triplets'] == {'train': 48, 'val': 12}
+  assert full['hparams']['tune'] == 'full' and full['hparams']['similarity'] == 'dot'
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': ROOT + os.pathsep + os.environ.get('PYTHONPATH', '')}
+  r = subprocess.run([sys.executable, '-c', _KILLED, ROOT, str(tmp_path), *things.values()], capture_output=True,
+                     text=True, env=env, cwd=ROOT)
+  assert r.returncode == -9, r.stderr[-3000:]
+  state = json.load(open(tmp_path / 'killed' / 'checkpoints' / '3' / 'data' / 'process_0-of-1.json'))
+  assert state == {'next_index': 3 * 3 * 4}   # 3 steps of 4 triplets: 36 images read
+  with tfds.testing.mock_data(num_examples=40):
+    resumed = tune.run(alignet_tiny(tmp_path, **things), str(tmp_path / 'killed'), progress=False)
+  assert resumed['results'] == full['results'] and resumed['fingerprint'] == full['fingerprint']
+  assert full['things']['models'] == ['cosine:vit:tiny', f'tuned:{tmp_path / "full"}']
+  assert set(full['things']['results'][full['things']['models'][1]]) == {'things'}
+  a, b = np.load(tmp_path / 'full' / 'curves.npz'), np.load(tmp_path / 'killed' / 'curves.npz')
+  for k in a.files:
+    np.testing.assert_array_equal(a[k], b[k])
+  meta, ta = tuned_file.load(str(tmp_path / 'full' / 'tuned.npz'))
+  _, tb = tuned_file.load(str(tmp_path / 'killed' / 'tuned.npz'))
+  assert meta['preprocessing']['std'] == [255.0] * 3   # AligNet's [0, 1] pixels, kept for `tuned:`
+  for x, y in zip(*(jax_leaves(t) for t in (ta, tb))):
+    np.testing.assert_array_equal(x, y)
+
+
+def jax_leaves(tree):
+  import jax
+  return jax.tree.leaves(tree)

@@ -185,6 +185,24 @@ def _tf_bilinear_taps(n_in: int, n_out: int):
   return lo, hi, (src - floor).astype(np.float32)
 
 
+def _cv2_cubic_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
+  """OpenCV's INTER_CUBIC taps on uint8 (imgproc/resize.cpp): source x = (d + 0.5) scale - 0.5 in float32, 4 taps
+  floor(x) - 1 .. floor(x) + 2 clamped to the edge, Keys' cubic with A = -0.75 in float32, each weight rounded to
+  11 fractional bits (saturate_cast<short>(w * 2048), half to even)."""
+  scale = 1.0 / (float(n_out) / float(n_in))   # as resize.cpp: 1 / inv_scale_x
+  fx = ((np.arange(n_out, dtype=np.float64) + 0.5) * scale - 0.5).astype(np.float32)
+  sx = np.floor(fx)
+  x = (fx - sx).astype(np.float32)
+  a, one = np.float32(-0.75), np.float32(1)
+  c0 = ((a * (x + one) - 5 * a) * (x + one) + 8 * a) * (x + one) - 4 * a
+  c1 = ((a + 2) * x - (a + 3)) * x * x + one
+  c2 = ((a + 2) * (one - x) - (a + 3)) * (one - x) * (one - x) + one
+  c3 = one - c0 - c1 - c2
+  w = np.rint(np.stack([c0, c1, c2, c3], 1).astype(np.float32) * np.float32(2048)).astype(np.int64)
+  idx = np.clip(sx.astype(np.int64)[:, None] + np.arange(-1, 3)[None], 0, n_in - 1)
+  return idx, w
+
+
 def resize(im: Image.Image, pre: Preprocess) -> np.ndarray:
   """PIL RGB image -> (size, size, 3) following `pre`: uint8, or float32 on the 0..255 scale for
   interpolation='torch_bilinear'."""
@@ -203,6 +221,20 @@ def resize(im: Image.Image, pre: Preprocess) -> np.ndarray:
     lo, hi, lam = (t[top:top + pre.size] for t in _tf_bilinear_taps(h, nh))
     x = x[lo] + (x[hi] - x[lo]) * lam[:, None, None]
     return np.clip(x, 0, 255).astype(np.uint8)
+  if pre.interpolation == 'cv2_cubic':   # AligNet's cv2.resize(INTER_CUBIC): no antialiasing, fixed point
+    x = np.asarray(im, np.int64)
+    idx, w = _cv2_cubic_taps(x.shape[1], nw)
+    x = np.einsum('hwkc,wk->hwc', x[:, idx], w)                  # along the width (x 2048)
+    idx, w = _cv2_cubic_taps(x.shape[0], nh)
+    # along the height as OpenCV's vectorised VResizeCubicVec_32s8u: float32 weights w / 2048^2, a chain of float32
+    # fused multiply-adds from the last tap, rounded half to even, saturated
+    b = (w.astype(np.float32) * np.float32(2.0**-22)).astype(np.float64)
+    rows = x[idx].astype(np.float64)                              # (H, 4, W, C), exact in float32 too
+    acc = (rows[:, 3] * b[:, 3, None, None]).astype(np.float32)
+    for k in (2, 1, 0):
+      acc = (rows[:, k] * b[:, k, None, None] + acc).astype(np.float32)
+    x = np.clip(np.rint(acc), 0, 255).astype(np.uint8)
+    return x[top:top + pre.size, left:left + pre.size]
   im = im.resize((nw, nh), _RESAMPLE[pre.interpolation])
   if (nw, nh) != (pre.size, pre.size):
     im = im.crop((left, top, left + pre.size, top + pre.size))

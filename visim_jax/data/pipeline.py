@@ -3,11 +3,13 @@
   for start, n, x in host_batches(paths, pre, batch_size, flip=False, image_cache=DIR):
     ...  # x: (batch_size, size, size, 3) as images.load_batch gives it, zero-padded past n
 
-Decoding (PIL, which releases the GIL while it decodes and resizes) runs image by image on a thread pool with
-one worker per host core (`default_workers`), up to `prefetch` batches ahead of the consumer; each batch equals
+Decoding (PIL, which releases the GIL while it decodes and resizes) runs image by image through grain
+(data/grain_data.image_batches: a MapDataset of the files read on grain's threads, one per host core
+(`default_workers`), up to `prefetch` batches ahead of the consumer, then batched); each batch equals
 `images.load_batch` of its paths (same pixels, same order). Threads were chosen by measurement against a process
 pool and tf.data (benchmarks/pipeline.py, benchmarks/RESULTS.md): the process pool pays a pickle of every
 decoded image and the same cores; tf.data cannot decode through our PIL rules except by calling back into Python.
+A `loader` (TFDS items) still reads whole batches on a thread pool.
 
 `device_batches` puts batch k + 1 on the device (jax.device_put, asynchronous) while the caller's batch k
 computes.
@@ -32,17 +34,9 @@ import numpy as np
 from absl import logging
 
 from visim_jax.core import ops
-from visim_jax.data import images as images_lib
+from visim_jax.data.grain_data import PathImages, default_workers, image_batches  # noqa: F401  (default_workers: API)
 
 IMAGE_CACHE_VERSION = 1
-
-
-def default_workers() -> int:
-  """The host cores this process may use."""
-  try:
-    return max(1, len(os.sched_getaffinity(0)))
-  except AttributeError:  # not Linux
-    return max(1, os.cpu_count() or 1)
 
 
 def pixel_dtype(pre) -> np.dtype:
@@ -180,30 +174,14 @@ def host_batches(paths: Sequence, pre, batch_size: int, flip: bool = False, load
       yield start, n, finish(x, n)
     return
 
-  one = load_image or images_lib.load_image
   ok = False
   try:
-    with concurrent.futures.ThreadPoolExecutor(workers) as ex:
-      window = collections.deque()  # one future per image, in order
-      submitted = 0
-      ahead = max(prefetch * batch_size, 2 * workers)
-
-      def top_up():
-        nonlocal submitted
-        while submitted < n_total and len(window) < ahead:
-          window.append(ex.submit(one, paths[submitted], pre))
-          submitted += 1
-
-      top_up()
-      for start in starts:
-        n = min(batch_size, n_total - start)
-        x = np.zeros((batch_size,) + shape, dtype)
-        for j in range(n):
-          x[j] = window.popleft().result()
-          top_up()
-        if writer is not None:
-          writer.arr[start:start + n] = x[:n]
-        yield start, n, finish(x, n)
+    source = PathImages(list(paths), pre, load_image)
+    for start, (n, x) in zip(starts, image_batches(range(n_total), source, batch_size, threads=workers,
+                                                    prefetch=prefetch)):
+      if writer is not None:
+        writer.arr[start:start + n] = x[:n]
+      yield start, n, finish(x, n)
     ok = True
   finally:
     if writer is not None:

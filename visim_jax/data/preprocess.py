@@ -28,6 +28,8 @@ class Preprocess:
           image, the seed code of paper 001 (data/images.py);
           'tf_bilinear': TF2's tf.image.resize(bilinear, antialias=False) (half-pixel centres, no antialiasing,
           float32 lerps) cast back to uint8 by truncation, as big_vision's `resize` pp op does (SigLIP).
+          'cv2_cubic': OpenCV's cv2.resize(INTER_CUBIC) on uint8 (Keys' cubic, A = -0.75, no antialiasing, 11-bit
+          fixed-point weights, rounded and saturated to uint8), as AligNet's preprocessing.py resizes.
   mean, std: per-channel, on the 0..255 scale: x_in = (x - mean) / std.
   """
   size: int = 224
@@ -44,8 +46,9 @@ class Preprocess:
       raise ValueError(f"preprocess.resize: expected 'squash' or 'shorter_crop', got {self.resize!r}")
     if self.resize_to is not None and self.resize_to < self.size:
       raise ValueError(f'preprocess.resize_to ({self.resize_to}) must be >= size ({self.size})')
-    if self.interpolation not in ('bilinear', 'bicubic', 'torch_bilinear', 'tf_bilinear'):
-      raise ValueError("preprocess.interpolation: 'bilinear', 'bicubic', 'torch_bilinear' or 'tf_bilinear', "
+    if self.interpolation not in ('bilinear', 'bicubic', 'torch_bilinear', 'tf_bilinear', 'cv2_cubic'):
+      raise ValueError("preprocess.interpolation: 'bilinear', 'bicubic', 'torch_bilinear', 'tf_bilinear' or "
+                       "'cv2_cubic', "
                        f'got {self.interpolation!r}')
 
   def normalise(self, images: jax.Array, dtype=jnp.float32) -> jax.Array:

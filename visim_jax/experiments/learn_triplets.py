@@ -13,6 +13,9 @@ Sources (config.source):
                      into train / held-out triplets by config.triplets.val_fraction: hard targets (loss 'hard').
   'nights'           NIGHTS 2AFC votes (config.nights_dir; data/nights.py, votes >= config.min_votes), its train
                      and val splits: loss 'hinge' (DreamSim).
+  'alignet'          AligNet's released triplets (config.alignet_dir, transform, sampling, val_sampling;
+                     data/alignet.py) over tfds imagenet2012 train (config.tfds_data_dir): the student's features of
+                     the images they use, soft targets (AligNet's similarities).
 The student's features (config.backbone) of every image are computed once through the feature cache; the head
 (config.head) trains with the loss of config.loss (odd_one_out.py) on seeded shuffled batches of the train triplets,
 the batch axis split over every device of every host (training/head_step.py); chunks of config.eval_every steps go

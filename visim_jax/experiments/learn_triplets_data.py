@@ -73,7 +73,10 @@ def load_data(config, workdir: str, progress: bool = True):
     return x, train, val, {'backbone': None, 'source': 'synthetic'}
   fo = config_fields.options(config)
   backbone, layers = features_lib.build(fo)
-  if config.source in ('things', 'nights'):
+  loader = source_id = None
+  if config.source == 'alignet':
+    train, val, paths, loader, source_id = _alignet(config)
+  elif config.source in ('things', 'nights'):
     train, val = _human(config)
     paths = train.images
   elif config.source == 'files':
@@ -95,8 +98,8 @@ def load_data(config, workdir: str, progress: bool = True):
     if config.generate_only:   # the caller writes the index files (write_index_files), after its checks
       return None, train, val, None
   runtime.say(f'student {backbone.name}: features of {len(paths)} images')
-  x = np.asarray(features_lib.features_of(fo, backbone, layers, paths, tag='triplets', progress=progress),
-                 np.float32)
+  x = np.asarray(features_lib.features_of(fo, backbone, layers, paths, tag='triplets', progress=progress,
+                                          loader=loader, source_id=source_id), np.float32)
   return x, train, val, {**features_lib.describe(backbone, layers), 'source': config.source}
 
 
@@ -141,6 +144,22 @@ def generation_bytes(n_train: int, n_val: int, n_images: int, dim: int) -> dict[
   n = max(n_train, n_val)
   return {'triplets': 260 * (n_train + n_val), 'similarity blocks': 16 * min(1 << 18, n) * dim,
           'teacher features': 12 * n_images * dim}
+
+
+def _alignet(config):
+  """AligNet's released train / val files (data/alignet.py) as index sets over the ImageNet images they use: (train,
+  val, those images' rows of tfds imagenet2012 train, a loader of them, the feature cache's source id)."""
+  from visim_jax.data import alignet, grain_data
+  src = grain_data.TfdsImages(alignet.TFDS_NAME, alignet.TFDS_SPLIT, config.tfds_data_dir, None)
+  sets = [alignet.load(alignet.path(config.alignet_dir, config.transform, split, sampling), len(src))
+          for split, sampling in (('train', config.sampling), ('val', config.val_sampling or config.sampling))]
+  ids = np.unique(np.concatenate([s.triplets.reshape(-1) for s in sets]))
+  names = [f'{alignet.TFDS_NAME}/{alignet.TFDS_SPLIT}/{i}' for i in ids]
+  train, val = (triplet_index.TripletSet(np.searchsorted(ids, s.triplets).astype(np.int32), s.target_kind, s.target,
+                                         names, s.meta) for s in sets)
+  source_id = {'tfds': alignet.TFDS_NAME, 'split': alignet.TFDS_SPLIT, 'data_dir': config.tfds_data_dir,
+               'n': len(src), 'rows': grain_data.rows_digest(ids)}
+  return train, val, list(ids), src.loader, source_id
 
 
 def _human(config):

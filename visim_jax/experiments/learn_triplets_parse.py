@@ -10,7 +10,7 @@ from visim_jax.data import teacher_labels
 from visim_jax.training import head_step
 from visim_jax.experiments import config_fields
 
-SOURCES = ('demo', 'folder', 'files', 'synthetic', 'things', 'nights')
+SOURCES = ('demo', 'folder', 'files', 'synthetic', 'things', 'nights', 'alignet')
 LOSS_FOR_TARGET = {'similarities': ('jsd', 'kl', 'hard'), 'odd': ('hard',), 'judge': ('hinge',)}
 
 
@@ -28,14 +28,20 @@ def validate_config(config) -> None:
   checks.data_source(config, {'folder': (('image_dir', 'dir'),),
                               'files': (('train_file', 'file'), ('val_file', 'file')),
                               'things': (('things_dir', 'dir'), ('things_file', 'file')),
-                              'nights': (('nights_dir', 'dir'),), 'demo': (), 'synthetic': ()}, field='source')
+                              'nights': (('nights_dir', 'dir'),), 'demo': (), 'synthetic': (),
+                              'alignet': (('alignet_dir', 'dir'), ('tfds_data_dir', 'dir'))}, field='source')
   if config.source == 'folder' and not config.image_dir:
     raise checks.fail('image_dir', 'a folder of images is required for source=folder', config.image_dir)
-  for src, fields in (('things', ('things_dir', 'things_file')), ('nights', ('nights_dir',))):
+  for src, fields in (('things', ('things_dir', 'things_file')), ('nights', ('nights_dir',)),
+                      ('alignet', ('alignet_dir', 'sampling'))):
     for f in fields:
       if config.source == src and not checks.text(config, f):
         raise checks.fail(f, f'required for source={src}', config.get(f))
   checks.integer(config, 'min_votes', 0, 1000)
+  if config.source == 'alignet':
+    from visim_jax.data import alignet  # pylint: disable=g-import-not-at-top
+    checks.choice(config, 'transform', alignet.TRANSFORMS)
+    checks.text(config, 'val_sampling')
   if config.source == 'files':
     for f in ('train_file', 'val_file'):
       if not checks.text(config, f):
@@ -101,6 +107,7 @@ def check_targets(config, train, val, hp) -> None:
   temperature does not take past float32."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   where = {'files': (config.train_file, config.val_file), 'things': (config.things_file,) * 2,
+           'alignet': (config.alignet_dir,) * 2,
            'nights': (config.nights_dir,) * 2}.get(config.source, ('config.teacher',) * 2)
   for name, s, w in (('train', train, where[0]), ('held-out', val, where[1])):
     t = np.asarray(s.target, np.float64)

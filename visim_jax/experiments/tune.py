@@ -3,15 +3,18 @@ held-out accuracy frozen vs tuned -> a model like any other (`tuned:<workdir>`).
 
 config -> TuneOptions (tune_parse.py, every check) -> train / held-out index sets (tune_data.py) -> the tower
 (training/tower_step.py over the backbone, LoRA from models/lora.py) -> the memory estimate (tune_memory.py: refused
-in one line before the training state exists) -> pixels through data/pipeline.py's decoded-image cache
-(data/image_batches.py) -> steps of `batch_size` triplets (rows seeded by (seed, step): a resumed run reads the
-batches an uninterrupted one reads; dropout keyed by (seed, step)) on the ('data', 'fsdp') mesh, in chunks of
-eval_every steps through training/runtime.Run (lock, fingerprint, Orbax checkpoints of the trainable state only:
-LoRA checkpoints are small, resume) -> held-out accuracy after each chunk.
+in one line before the training state exists) -> pixels through grain (data/grain_data.py: the image files, their
+decoded-pixel cache (data/image_batches.py) or AligNet's tfds ImageNet source; decoded in the process or in
+worker_count processes; each jax process reads its disjoint share of every step's batch) -> steps of `batch_size`
+triplets (step s's batch a function of (seed, s); dropout keyed by (seed, step)) on the ('data', 'fsdp') mesh, in
+chunks of eval_every steps through training/runtime.Run (lock, fingerprint, Orbax checkpoints of the trainable
+state only, LoRA checkpoints are small, and the grain iterator's state beside it: a resumed run reads the batches
+an uninterrupted one reads) -> held-out accuracy after each chunk.
 
 Outputs: tuned.npz (training/tuned_file.py: the LoRA factors or the tuned tower, the head, the meta `tuned:` reads),
 curves.npz / curves.png, triplets_{train,val}.npz (teacher sources), leaderboard/ (config.leaderboard: the demo
-human sets, `cosine:<backbone>` vs `tuned:<workdir>`), metrics.json last.
+human sets, `cosine:<backbone>` vs `tuned:<workdir>`), things/ (source 'alignet' with config.things_dir: THINGS
+odd-one-out of both), metrics.json last.
 """
 from __future__ import annotations
 
@@ -27,15 +30,17 @@ import numpy as np
 from visim_jax.backbones import features as features_lib
 from visim_jax.core import cpu_kernels
 from visim_jax.core import report, sharding
-from visim_jax.data import image_batches
+from visim_jax.data import grain_data, image_batches
 from visim_jax.experiments import checks, config_fields, tune_data, tune_memory
 from visim_jax.experiments.tune_parse import LOSS_FOR_TARGET, TEACHER_SOURCES, parse, validate_config  # noqa: F401
 from visim_jax.training import head_step, runtime, tuned_file
 
 
 def fingerprint(opts, hp, train, val) -> runtime.Fingerprint:
-  fields = {**{k: v for k, v in dataclasses.asdict(opts).items() if k not in ('plots', 'leaderboard', 'checkpoint')},
+  skip = ('plots', 'leaderboard', 'checkpoint', 'keep_checkpoints')
+  fields = {**{k: v for k, v in dataclasses.asdict(opts).items() if k not in skip},
             'hparams': dataclasses.asdict(hp)}
+  fields['data_engine'] = 'grain-1'   # batches of shuffle(seed).repeat().batch(B) (data/grain_data.py)
   return runtime.fingerprint(fields, {'train triplets': train.triplets, 'train targets': train.target,
                                       'held-out triplets': val.triplets, 'held-out targets': val.target,
                                       'image list': np.asarray(train.images)})
@@ -54,6 +59,8 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
     raise checks.fail('batch_size', f'exceeds the {len(train)} train triplets; use {len(train)} or less',
                       opts.batch_size)
   backbone, _ = features_lib.build(opts.features)
+  if opts.pixels == 'alignet':   # AligNet's preprocessing.py: a cubic squash to 224 x 224, values in [0, 1]
+    backbone = dataclasses.replace(backbone, preprocess=image_batches.alignet_preprocess(backbone.preprocess.size))
   tower = tower_step.tower(backbone, feature=opts.feature or None, head=opts.head, head_size=opts.head_size)
   steps = opts.steps or opts.epochs * (len(train) // opts.batch_size)
   hp = tower_step.Hparams(**opts.hparams, steps=steps, lora=lora_lib.Config(**opts.lora))
@@ -71,20 +78,21 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   two_refs = hp.loss == 'hinge' and hp.hinge_ref == 'per_pair' and hp.tune == 'lora' and hp.lora.dropout > 0
   parts = tune_memory.check(hp, tower, backbone, abstract.trainable, image_shape,
                             micro * (4 if two_refs else 3) // n_dev, opts.fsdp)
-  runtime.say(f'{len(train):,} train / {len(val):,} held-out triplets ({train.target_kind}) over {len(train.images):,} '
+  images = tune_data.image_source(opts, train, backbone.preprocess, progress)
+  runtime.say(f'{len(train):,} train / {len(val):,} held-out triplets ({train.target_kind}) over {len(images):,} '
               f'images; {backbone.name} tune={hp.tune}, loss {hp.loss}, {steps} steps of {opts.batch_size} over '
               f'{n_dev} device(s); memory estimate {sum(parts.values()) / 2**20:,.0f} MiB a device')
 
-  cache = os.path.join(opts.features.cache_dir, 'images') if opts.features.image_cache else None
-  table = image_batches.pixel_table(train.images, backbone.preprocess, cache, progress=progress)
-  batches = image_batches.TripletBatches.of(train, table, opts.batch_size, opts.seed)
+  lo, hi = _process_rows(opts.batch_size)
+  batches = grain_data.triplet_batches(train.triplets, train.target, images, opts.batch_size, opts.seed, steps, lo,
+                                       hi, opts.worker_count)
   state0, frozen = tower_step.init_state(hp, tower, backbone.variables, key, image_shape)
   state0, frozen = tower_step.place(mesh, state0, frozen)
   program = tower_step.step_program(hp, tower, mesh)
   val_rows, val_pos = image_batches.image_rows(val.triplets)
   eval_hp = head_step.Hparams(head='identity', loss=hp.loss, similarity=hp.similarity, tau=hp.tau,
                               target_tau=hp.target_tau, margin=hp.margin, ties=opts.ties)
-  evaluate = functools.partial(_evaluate, eval_hp, mesh, table, val_rows, val_pos, val.target, opts.features)
+  evaluate = functools.partial(_evaluate, eval_hp, mesh, images, val_rows, val_pos, val.target, opts.features)
   bare = dataclasses.replace(tower, head='identity')   # the tower's own feature at step 0 (LoRA's b = 0): frozen
   frozen_res = evaluate(_embedder(hp, bare), {k: v for k, v in state0.trainable.items() if k != 'head'}, frozen)
   untrained = evaluate(_embedder(hp, tower), state0.trainable, frozen) if opts.head != 'identity' else frozen_res
@@ -93,12 +101,12 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   host = lambda: {'loss': np.zeros(steps, np.float32), 'val_accuracy': np.zeros(n_evals, np.float32),
                   'val_loss': np.zeros(n_evals, np.float32), 'val_step': np.zeros(n_evals, np.int32)}
   recorded = config_fields.recorded_config(config, uses_backbone=True)
-  lo, hi = _process_rows(opts.batch_size)
   with runtime.Run(workdir, recorded, fingerprint(opts, hp, train, val), opts.checkpoint, progress,
-                   desc='tune (steps)') as rt:
+                   desc='tune (steps)', max_to_keep=opts.keep_checkpoints) as rt:
     if opts.source in TEACHER_SOURCES:
       tune_data.write_index_files(rt.workdir, train, val)
     t1 = time.time()
+    rt.track_data(batches)
     template = {'state': jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
                                       state0), **host()}
     tree, start = rt.restore(template) if opts.checkpoint else (template, 0)
@@ -107,8 +115,8 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
     def chunk_fn(tree, s0, n):
       state, losses = tree['state'], []
       for s in range(s0, s0 + n):
-        images, target = batches.take(s, lo, hi)
-        batch = tower_step.Batch(*(sharding.from_local(a, mesh) for a in (images, target)))
+        pixels, target = next(batches)
+        batch = tower_step.Batch(*(sharding.from_local(a, mesh) for a in (pixels, target)))
         state, m = program(state, frozen, batch)
         losses.append(m['loss'])
       tree['loss'][s0:s0 + n] = [float(sharding.to_host(l)) for l in losses]
@@ -133,12 +141,13 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
         shown = types.SimpleNamespace(head=f'{hp.tune} tower', loss=hp.loss, tau=hp.tau, similarity=hp.similarity)
         plots.curves(tree, frozen_res, untrained, shown, rt.path('curves.png'))
     board = _leaderboard(config, rt.workdir, backbone, progress) if opts.leaderboard else None
+    things_res = _things(config, rt.workdir, backbone, progress) if opts.data['things_after'] else None
     metrics = {'experiment': 'tune', **desc, 'backbone': backbone.name, 'weights_sha256': backbone.weights_id,
                'feature': tower.feature, 'hparams': dataclasses.asdict(hp), 'batch_size': opts.batch_size,
                'n_triplets': {'train': len(train), 'val': len(val)}, 'devices': n_dev, 'fsdp': opts.fsdp,
                'trainable_parameters': int(sum(np.size(l) for l in jax.tree.leaves(trainable))),
                'results': {'frozen': frozen_res, 'untrained': untrained, 'tuned': tuned},
-               'memory_estimate_bytes': parts, 'leaderboard': board,
+               'memory_estimate_bytes': parts, 'leaderboard': board, 'things': things_res,
                'timing_s': {'data': t1 - t0, 'training_and_eval': t2 - t1, 'total': time.time() - t0}}
     metrics = rt.write_metrics({**metrics, 'config': recorded})
   _print(metrics, workdir)
@@ -156,36 +165,51 @@ def _embedder(hp, tower):
   return cpu_kernels.jit(functools.partial(tower_step.embed, hp, tower))
 
 
-def _evaluate(eval_hp, mesh, table, rows, pos, target, fo, embed, trainable, frozen) -> dict:
-  """Held-out accuracy and loss: every held-out image embedded once (batches of image_batch_size, split over the
-  devices), then head_step.evaluate's rule on the triplets (the heads' experiments use the same)."""
+def _evaluate(eval_hp, mesh, images, rows, pos, target, fo, embed, trainable, frozen) -> dict:
+  """Held-out accuracy and loss: every held-out image embedded once (batches of image_batch_size through grain,
+  split over the devices), then head_step.evaluate's rule on the triplets (the heads' experiments use the same)."""
   bs = sharding.padded(min(fo.image_batch_size, len(rows)), mesh)
   out = []
-  for s in range(0, len(rows), bs):
-    r = rows[s:s + bs]
-    x = image_batches.gather(table, np.pad(r, (0, bs - len(r)))[:, None])[:, 0]
+  for n, x in grain_data.image_batches(rows, images, bs):
     e = embed(trainable, frozen, sharding.to_global(x, sharding.batch_sharding(mesh, x.ndim)))
-    out.append(np.asarray(sharding.to_host(e))[:len(r)])
+    out.append(np.asarray(sharding.to_host(e))[:n])
   feats = np.concatenate(out)
   return {k: float(v) for k, v in head_step.evaluate(eval_hp, 'identity', {}, feats, pos, target).items()}
 
 
 def _leaderboard(config, workdir: str, backbone, progress: bool) -> dict:
   """The leaderboard on the demo human sets (data/human_demo.py): the frozen tower vs the tuned one."""
-  import importlib.util
   from visim_jax.experiments import benchmark
-  path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'configs',
-                      'benchmark.py')
-  spec = importlib.util.spec_from_file_location('benchmark_config', path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  c = mod.get_config('local')
+  c = _benchmark_config('local')
   tag = ':tiny' if dict(config.backbone_kwargs).get('tiny') else ''
   c.models = f'cosine:{backbone.name}{tag},tuned:{workdir}'
   c.cache_dir, c.image_batch_size, c.plots = config.cache_dir, config.image_batch_size, config.plots
   c.n_boot = 200
   s = benchmark.run(c, os.path.join(workdir, 'leaderboard'), progress)
   return {'models': s['models'], 'results': s['results']}
+
+
+def _things(config, workdir: str, backbone, progress: bool) -> dict:
+  """THINGS odd-one-out (configs/benchmark.py's protocol on config.things_dir / things_file) of the frozen tower and
+  the tuned one, after a run on AligNet's release (AligNet's configs/siglip.py leaves it as a TODO)."""
+  from visim_jax.experiments import benchmark
+  c = _benchmark_config(None)
+  tag = ':tiny' if dict(config.backbone_kwargs).get('tiny') else ''
+  c.models = f'cosine:{backbone.name}{tag},tuned:{workdir}'
+  c.things_dir, c.things_triplets = config.things_dir, config.things_file
+  c.cache_dir, c.image_batch_size, c.plots = config.cache_dir, config.image_batch_size, config.plots
+  s = benchmark.run(c, os.path.join(workdir, 'things'), progress)
+  return {'models': s['models'], 'results': s['results']}
+
+
+def _benchmark_config(arg):
+  import importlib.util
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'configs',
+                      'benchmark.py')
+  spec = importlib.util.spec_from_file_location('benchmark_config', path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config(arg)
 
 
 def _print(m: dict, workdir: str) -> None:

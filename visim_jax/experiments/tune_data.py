@@ -9,6 +9,10 @@
            teacher's similarities as soft targets: AligNet's 'untransformed' data). The index files are written to
            <workdir>/triplets_{train,val}.npz once the run holds the workdir (`write_index_files`).
   files    index files written before (data/triplet_index.py).
+  alignet  AligNet's release as published (data/alignet.py): <alignet_dir>/<transform>/{train,val}_<sampling>.npz,
+           indices into tfds.data_source('imagenet2012', split='train') (tfds_data_dir), read through grain.
+
+`image_source` gives the images the triplets index, as a grain random-access source (data/grain_data.py).
 """
 from __future__ import annotations
 
@@ -19,14 +23,18 @@ import numpy as np
 from visim_jax.backbones import features as features_lib
 from visim_jax.core import report
 from visim_jax.core.errors import UserError
-from visim_jax.data import judgements, teacher_labels, triplet_index
+from visim_jax.data import alignet, grain_data, image_batches, judgements, teacher_labels, triplet_index
 from visim_jax.training import runtime
 
 
 def load(opts, progress: bool = True):
   """(train TripletSet, held-out TripletSet, description) over one image list (train.images == val.images)."""
   d, src = opts.data, opts.source
-  if src == 'nights':
+  if src == 'alignet':
+    n = len(_imagenet(opts, None))
+    train, val = (alignet.load(alignet.path(d['alignet_dir'], opts.transform, split, sampling), n)
+                  for split, sampling in (('train', d['sampling']), ('val', d['val_sampling'])))
+  elif src == 'nights':
     from visim_jax.data import nights
     train, val = triplet_index.from_twoafc(nights.load(d['nights_dir'], 'train', d['min_votes']),
                                            nights.load(d['nights_dir'], 'val', d['min_votes']))
@@ -60,7 +68,23 @@ def load(opts, progress: bool = True):
                                                                  'transform': 'untransformed'}, **opts.triplets)
     except ValueError as e:   # too few images for the split / clusters for the sampling
       raise UserError(f'config.triplets: {e}') from None
+  if src == 'alignet':   # the files index ImageNet's train split
+    return train, val, {'source': src, 'target': train.target_kind, 'n_images': n, 'transform': opts.transform,
+                        'files': [train.meta['file'], val.meta['file']]}
   return train, val, {'source': src, 'target': train.target_kind, 'n_images': len(train.images)}
+
+
+def image_source(opts, train, pre, progress: bool = True):
+  """The images train / val index (grain_data): AligNet's tfds ImageNet; else the image list's decoded-pixel table
+  (the cache folder <cache_dir>/images with config.image_cache, else in memory), re-read every epoch."""
+  if opts.source == 'alignet':
+    return _imagenet(opts, pre)
+  cache = os.path.join(opts.features.cache_dir, 'images') if opts.features.image_cache else None
+  return grain_data.TableImages(image_batches.pixel_table(train.images, pre, cache, progress=progress))
+
+
+def _imagenet(opts, pre):
+  return grain_data.TfdsImages(alignet.TFDS_NAME, alignet.TFDS_SPLIT, opts.data['tfds_data_dir'], pre)
 
 
 def _concat(sets: dict) -> judgements.TwoAFCSet:

@@ -5,18 +5,19 @@ from __future__ import annotations
 import dataclasses
 
 from visim_jax.backbones.features import FeatureOptions
-from visim_jax.data import image_batches
+from visim_jax.data import alignet, image_batches
 from visim_jax.experiments import checks, config_fields, learn_triplets_parse
 from visim_jax.losses import odd_one_out
 
-SOURCES = ('nights', 'bapps', 'things', 'demo', 'folder', 'files')
+SOURCES = ('nights', 'bapps', 'things', 'demo', 'folder', 'files', 'alignet')
 TEACHER_SOURCES = ('demo', 'folder')
 LOSS_FOR_TARGET = {'similarities': ('jsd', 'kl', 'hard'), 'odd': ('hard',), 'judge': ('hinge',)}
 TUNES = ('lora', 'full', 'frozen')
 HEADS = ('identity', 'affine')
 ADAM_UPDATES = ('single', 'twice', 'twice_foreach')
 HINGE_REFS = ('per_pair', 'shared')
-TRANSFORMS = ('untransformed',)
+TRANSFORMS = ('untransformed',)        # a teacher's triplets (demo, folder): its similarities as computed
+PIXELS = ('backbone', 'alignet')       # the backbone's own preprocessing | AligNet's (image_batches.alignet_preprocess)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,9 +38,13 @@ class TuneOptions:
   steps: int                    # 0: epochs x steps per epoch
   batch_size: int
   fsdp: int
+  transform: str                # AligNet's data variant (source 'alignet': its folder)
+  pixels: str                   # PIXELS
+  worker_count: int             # grain's decoding processes (0: threads of this process)
   eval_every: int
   checkpoint: bool
   checkpoint_every: int
+  keep_checkpoints: int
   plots: bool
   leaderboard: bool
   ties: str
@@ -59,9 +64,11 @@ def parse(config) -> TuneOptions:
   checks.data_source(config, {'nights': (('nights_dir', 'dir'),), 'bapps': (('bapps_dir', 'dir'),),
                               'things': (('things_dir', 'dir'), ('things_file', 'file')),
                               'folder': (('image_dir', 'dir'),),
-                              'files': (('train_file', 'file'), ('val_file', 'file')), 'demo': ()}, field='source')
+                              'files': (('train_file', 'file'), ('val_file', 'file')), 'demo': (),
+                              'alignet': (('alignet_dir', 'dir'), ('tfds_data_dir', 'dir'), ('things_dir', 'dir'),
+                                          ('things_file', 'file'))}, field='source')
   need = {'nights': ('nights_dir',), 'bapps': ('bapps_dir',), 'things': ('things_dir', 'things_file'),
-          'folder': ('image_dir',), 'files': ('train_file', 'val_file')}
+          'folder': ('image_dir',), 'files': ('train_file', 'val_file'), 'alignet': ('alignet_dir',)}
   for f in need.get(src, ()):
     if not checks.text(config, f):
       raise checks.fail(f, f'required for source={src}', checks.get(config, f))
@@ -72,7 +79,14 @@ def parse(config) -> TuneOptions:
   checks.integer(config, 'demo.n_pairs', 8, 10**5)
   checks.seed(config, 'demo.seed')
   learn_triplets_parse.check_teacher_fields(config)
-  checks.choice(config, 'transform', TRANSFORMS)
+  transform = checks.choice(config, 'transform', alignet.TRANSFORMS if src == 'alignet' else TRANSFORMS)
+  for f in ('sampling', 'val_sampling'):
+    v = checks.text(config, f)
+    if f == 'sampling' and not v or v and not all(ch.isalnum() or ch in '_-' for ch in v):
+      raise checks.fail(f, "a sampling of AligNet's release, e.g. 'cluster_border_500' (letters, digits, _ and -)",
+                        v)
+  pixels = checks.choice(config, 'pixels', PIXELS)
+  worker_count = checks.integer(config, 'worker_count', 0, 1024)
   checks.choice(config, 'augment', image_batches.AUGMENT)
   features = config_fields.options(config)
   if features.pooling != 'mean':
@@ -136,6 +150,7 @@ def parse(config) -> TuneOptions:
     raise checks.fail('checkpoint_every', f'must be a multiple of config.eval_every ({every}): checkpoints are '
                       'taken at the end of an evaluation chunk', config.checkpoint_every)
   checks.flag(config, 'checkpoint')
+  keep = checks.integer(config, 'keep_checkpoints', 1, 10**6)
   checks.flag(config, 'plots')
   board = checks.flag(config, 'leaderboard')
   if board and tune == 'frozen':
@@ -148,7 +163,10 @@ def parse(config) -> TuneOptions:
             'bapps_sets': _names(config.bapps_sets), 'bapps_val_sets': _names(config.bapps_val_sets),
             'things_dir': config.things_dir, 'things_file': config.things_file, 'image_dir': config.image_dir,
             'train_file': config.train_file, 'val_file': config.val_file, 'demo_root': config.demo.root,
-            'demo_n_pairs': config.demo.n_pairs, 'demo_seed': config.demo.seed},
+            'demo_n_pairs': config.demo.n_pairs, 'demo_seed': config.demo.seed, 'alignet_dir': config.alignet_dir,
+            'sampling': config.sampling, 'val_sampling': config.val_sampling or config.sampling,
+            'tfds_data_dir': config.tfds_data_dir,
+            'things_after': src == 'alignet' and bool(config.things_dir)},
       features=features, teacher=teacher, teacher_similarity=config.teacher.similarity,
       triplets=dict(n_train=trip.n_train, n_val=trip.n_val, clusters=trip.clusters, sampling=trip.sampling,
                     val_fraction=float(trip.val_fraction), kmeans_iters=trip.kmeans_iters),
@@ -160,5 +178,6 @@ def parse(config) -> TuneOptions:
                    adam_updates=config.adam_updates, weight_decay=float(config.weight_decay),
                    schedule=config.schedule, warmup_steps=config.warmup, compute_dtype=config.compute_dtype,
                    remat=config.remat, accum_steps=accum, hinge_ref=config.hinge_ref, seed=seed),
-      epochs=epochs, steps=steps, batch_size=batch, fsdp=fsdp, eval_every=every, checkpoint=config.checkpoint,
-      checkpoint_every=config.checkpoint_every, plots=config.plots, leaderboard=board, ties=ties, seed=seed)
+      epochs=epochs, steps=steps, batch_size=batch, fsdp=fsdp, transform=transform, pixels=pixels,
+      worker_count=worker_count, eval_every=every, checkpoint=config.checkpoint,
+      checkpoint_every=config.checkpoint_every, keep_checkpoints=keep, plots=config.plots, leaderboard=board, ties=ties, seed=seed)

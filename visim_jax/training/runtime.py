@@ -26,6 +26,10 @@ The stable API (adaptation, SimNet and the 2AFC context models train through exa
 - `workdir_lock(workdir)` (visim_jax/training/workdir.py) takes that same lock for a whole command (main.py holds it around the experiment,
   so a busy workdir is refused before hours of feature extraction); a `Run` inside it re-enters the held lock.
 - `restore` skips a corrupt newest step (logs which and why, deletes it) and takes the newest valid one.
+- `run.track_data(iterator)` (before `restore`): a grain DatasetIterator whose state is saved in every checkpoint
+  beside the tree (item 'data', grain's Orbax handler: one JSON file per process) and restored with it, so a
+  resumed run reads the batches an uninterrupted one reads. The tree is the item 'default' of every step
+  (checkpoints written without a tracked iterator restore as before).
 - A failed save (an OSError such as a full disk) leaves no partial step and no temporary folder and is
   reported as one line naming the checkpoint folder.
 - Tests inject faults through the module-level `FAULT_HOOK(phase, step, directory)`, called at the save
@@ -136,6 +140,7 @@ class Run:
     self.max_to_keep = max_to_keep
     self._locked = None
     self._mngr = None
+    self._data = None   # a tracked grain iterator (track_data)
     self._writer = None
     self._bar = None  # one progress bar across the loops (phases) of the run
     self.record = Record(self.workdir, record, fp.record())  # config.json + fingerprint.json, written last
@@ -205,12 +210,17 @@ class Run:
     if report.is_writer():
       _remove_tmp_dirs(self.ckpt_dir)
     try:
-      self._mngr = ocp.CheckpointManager(self.ckpt_dir, options=ocp.CheckpointManagerOptions(
+      self._mngr = ocp.CheckpointManager(self.ckpt_dir, item_names=('default', 'data'),
+                                         options=ocp.CheckpointManagerOptions(
           max_to_keep=self.max_to_keep, cleanup_tmp_directories=True))
     except OSError as e:
       raise os_error(e, self.ckpt_dir, 'opening the checkpoint folder') from e
 
   # ---------------------------------------------------------------- checkpoints
+  def track_data(self, iterator) -> None:
+    """Saves and restores the grain iterator's state with every checkpoint (module docstring)."""
+    self._data = iterator
+
   def restore(self, template):
     """(tree, step) from the newest valid checkpoint, or (template, 0) when there is none.
 
@@ -222,7 +232,16 @@ class Run:
     import orbax.checkpoint as ocp
     for step in sorted(self._mngr.all_steps(), reverse=True):
       try:
-        tree = self._mngr.restore(step, args=ocp.args.StandardRestore(template))
+        args = {'default': ocp.args.StandardRestore(template)}
+        if self._data is not None:
+          if not os.path.isdir(os.path.join(self.ckpt_dir, str(step), 'data')):
+            raise UserError(f'{self.ckpt_dir}: step {step} holds no data iterator state (an older version wrote '
+                            'it); use a new --workdir, or delete its checkpoints/ to start over')
+          import grain
+          args['data'] = grain.checkpoint.CheckpointRestore(self._data)
+        tree = self._mngr.restore(step, args=ocp.args.Composite(**args))['default']
+      except UserError:
+        raise
       except Exception as e:  # truncated / garbled files, missing arrays, wrong shapes
         why = ' '.join(f'{type(e).__name__}: {e}'.split())[:300]
         logging.warning('checkpoint step %d in %s is unreadable (%s): skipped and deleted', step, self.ckpt_dir, why)
@@ -241,7 +260,11 @@ class Run:
     self.record.write()
     _hook('before_save', step, self.ckpt_dir)
     try:
-      self._mngr.save(step, args=ocp.args.StandardSave(tree))
+      args = {'default': ocp.args.StandardSave(tree)}
+      if self._data is not None:
+        import grain
+        args['data'] = grain.checkpoint.CheckpointSave(self._data)
+      self._mngr.save(step, args=ocp.args.Composite(**args))
       _hook('during_save', step, self.ckpt_dir)
       self._mngr.wait_until_finished()
     except BaseException as e:

@@ -22,6 +22,7 @@ import os
 
 import jax
 
+from visim_jax.data.preprocess import Preprocess
 from visim_jax.zoo.interface import (Similarity, backbone_from, backbone_identity, bad, cosine_distance, file_sha,
                                      pooled_featurizer, run_file)
 
@@ -67,7 +68,9 @@ def tuned_backbone(spec: str, path: str, option: str = '', base=None):
     final, stages = base.apply_fn(v['tower'], x)
     return final, {**stages, STAGE: tower_step.embed(hp, bare, v['head'], v['tower'], x)}
   sha = file_sha(sha_of)
-  tuned = dataclasses.replace(base, apply_fn=apply_fn, variables={'tower': variables, 'head': head},
+  pre = meta.get('preprocessing')   # the pixels it was tuned on (config.pixels='alignet': AligNet's [0, 1])
+  pre = base.preprocess if not pre else Preprocess(**{k: tuple(v) if isinstance(v, list) else v for k, v in pre.items()})
+  tuned = dataclasses.replace(base, apply_fn=apply_fn, variables={'tower': variables, 'head': head}, preprocess=pre,
                               layers=(STAGE,), weights_id=f'tuned:{sha}',
                               description=f'{base.name} tuned ({meta["tune"]}) by {meta.get("workdir", path)}')
   return tuned, meta
