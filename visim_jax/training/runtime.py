@@ -23,18 +23,16 @@ The stable API (adaptation, SimNet and the 2AFC context models train through exa
   the workdir untouched). Nothing is written on entry: config.json and fingerprint.json are written just before
   the run's first result (checkpoint, TensorBoard scalars or metrics.json; visim_jax/training/workdir.py `Record`), and a
   run that fails before a checkpoint or metrics.json landed puts back the ones it found.
-- `workdir_lock(workdir)` (visim_jax/training/workdir.py) takes that same lock for a whole command (main.py holds it around the experiment,
-  so a busy workdir is refused before hours of feature extraction); a `Run` inside it re-enters the held lock.
+- `workdir_lock(workdir)` (training/workdir.py) takes that lock for a whole command (main.py: a busy workdir is
+  refused before hours of feature extraction); a `Run` inside it re-enters the held lock.
 - `restore` skips a corrupt newest step (logs which and why, deletes it) and takes the newest valid one.
 - `run.track_data(iterator)` (before `restore`): a grain DatasetIterator whose state is saved in every checkpoint
   beside the tree (item 'data', grain's Orbax handler: one JSON file per process) and restored with it, so a
-  resumed run reads the batches an uninterrupted one reads. The tree is the item 'default' of every step
-  (checkpoints written without a tracked iterator restore as before).
-- A failed save (an OSError such as a full disk) leaves no partial step and no temporary folder and is
-  reported as one line naming the checkpoint folder.
-- Tests inject faults through the module-level `FAULT_HOOK(phase, step, directory)`, called at the save
-  phases 'before_save', 'during_save' (the Orbax write in flight) and 'after_save'; production code never
-  sets it.
+  resumed run reads the batches an uninterrupted one reads. The tree is each step's item 'default' (checkpoints
+  without a tracked iterator restore as before).
+- A failed save (an OSError: a full disk) leaves no partial step nor temporary folder: one line names the folder.
+- Tests inject faults through `FAULT_HOOK(phase, step, directory)`, called at the save phases 'before_save',
+  'during_save' (the Orbax write in flight) and 'after_save'; production code never sets it.
 """
 from __future__ import annotations
 
