@@ -47,7 +47,8 @@ from visim_jax.core.errors import UserError
 
 WHERE = 'visim_jax.load'
 SHORT = {'dreamsim': 'cosine:dreamsim_ensemble', 'lpips': 'lpips:alex', 'lpips_alex': 'lpips:alex',
-         'lpips_vgg': 'lpips:vgg', **{m: m for m in ('psnr', 'ssim', 'ms_ssim', 'l1', 'l2', 'dists')}}
+         'lpips_vgg': 'lpips:vgg', **{m: m for m in ('psnr', 'ssim', 'ms_ssim', 'l1', 'l2', 'dists', 'fsim', 'gmsd', 'ms_gmsd', 'vif_p',
+                                    'haarpsi', 'mdsi', 'vsi', 'srsim', 'dss', 'iw_ssim')}}
 
 
 def resolve_spec(spec: str) -> str:

@@ -24,6 +24,9 @@ KINDS = ('cosine', 'adapter', 'simnet', 'context', 'lpips', 'triplets', 'tuned')
 # full-reference metrics (models/classical.py, models/dists.py; docs/metrics.md): a bare name is the default variant
 METRIC_KINDS = {'psnr': 'rgb', 'ssim': 'pytorch_msssim', 'ms_ssim': 'pytorch_msssim', 'l1': 'rgb', 'l2': 'rgb',
                 'dists': 'vgg'}
+# the ten IQA metrics of models/iqa (issue 47): their registry names them, the first variant ('piq') is the default
+IQA_KINDS = ('fsim', 'gmsd', 'ms_gmsd', 'vif_p', 'haarpsi', 'mdsi', 'vsi', 'srsim', 'dss', 'iw_ssim')
+METRIC_KINDS.update({k: 'piq' for k in IQA_KINDS})
 KINDS = KINDS + tuple(METRIC_KINDS)
 LPIPS_NETS = ('alex', 'vgg')
 FIELD = 'config.models'

@@ -79,9 +79,10 @@ def dss(x, y, opts: DSSOptions = DSSOptions()):
   da, db = blocks(a), blocks(b)
   wts = subband_weights(opts)
   total = wts / wts.sum() + ops.EPS32
-  score = 0.0
-  for m in range(d):
-    for k in range(d):
-      if wts[m, k] > 0:
-        score = score + float(total[m, k]) * _subband(da[..., m, k], db[..., m, k], m == 0 and k == 0, opts)
+  ac = [(m, k) for m in range(d) for k in range(d) if wts[m, k] > 0 and (m, k) != (0, 0)]
+  score = float(total[0, 0]) * _subband(da[..., 0, 0], db[..., 0, 0], True, opts)
+  if ac:   # the AC subbands as one batch of maps (one program, whatever their count)
+    sub = lambda t: jnp.stack([t[..., m, k] for m, k in ac], 1).reshape((-1,) + t.shape[1:3])  # noqa: E731
+    sims = _subband(sub(da), sub(db), False, opts).reshape(n, len(ac))
+    score = score + sims @ jnp.asarray([total[m, k] for m, k in ac], jnp.float32)
   return score

@@ -36,17 +36,27 @@ class IWSSIMOptions:
   weights: tuple = WEIGHTS
 
 
+@functools.lru_cache(maxsize=None)
+def _pyr_matrices(n: int) -> tuple[np.ndarray, np.ndarray]:
+  """Along one axis of n samples: (down (ceil(n / 2), n), up (n, ceil(n / 2))): piq's _pyr_step as linear maps
+  (reflect padding by 2, the 5-tap filter, every other sample; zero insertion, reflect padding, the filter, the
+  first n samples), built by applying those steps to the identity."""
+  def correlate(v):   # (len, cols) -> 'valid' filtering of each column after reflect padding
+    p = np.pad(v, ((2, 2), (0, 0)), mode='reflect')
+    return sum(_BIN[t] * p[t:t + len(v)] for t in range(5))
+  down = correlate(np.eye(n))[::2]
+  m = down.shape[0]
+  z = np.zeros((2 * m, m))
+  z[::2] = np.eye(m)
+  up = correlate(z)[:n]
+  return down, up
+
+
 def _pyr_step(x):
   """(N, H, W) -> (lowpass (N, ceil(H/2), ceil(W/2)), band-pass (N, H, W)) (piq's _pyr_step)."""
-  h, w = x.shape[1:]
-  lo = ops.sep(ops.pad(x, 0, 0, 2, 2, 'reflect'), [1.0], _BIN)[:, :, ::2]
-  lo = ops.sep(ops.pad(lo, 2, 2, 0, 0, 'reflect'), _BIN, [1.0])[:, ::2, :]
-  n, lh, lw = lo.shape
-  up = jnp.zeros((n, lh, 2 * lw), lo.dtype).at[:, :, ::2].set(lo)
-  up = ops.sep(ops.pad(up, 0, 0, 2, 2, 'reflect'), [1.0], _BIN)[:, :, :w]
-  up2 = jnp.zeros((n, 2 * lh, w), lo.dtype).at[:, ::2, :].set(up)
-  up2 = ops.sep(ops.pad(up2, 2, 2, 0, 0, 'reflect'), _BIN, [1.0])[:, :h, :]
-  return lo, x - up2
+  (dh, uh), (dw, uw) = _pyr_matrices(x.shape[1]), _pyr_matrices(x.shape[2])
+  lo = ops.resample(x, dh, dw)
+  return lo, x - ops.resample(lo, uh, uw)
 
 
 @functools.lru_cache(maxsize=None)
@@ -92,7 +102,10 @@ def _information(x, y, parent, opts: IWSSIMOptions):
   pos = lam * (lam > 0)
   s_pos = jnp.sum(pos, -1, keepdims=True)
   lam2 = pos * jnp.sum(lam, -1, keepdims=True) / (s_pos + (s_pos == 0))
-  cinv = jnp.linalg.inv(jnp.einsum('nij,nj,nkj->nik', vec, lam2, vec, precision=hp))
+  # inv(V diag(lam2) V^T) = V diag(1 / lam2) V^T (piq calls torch.inverse on the product; the same to float32
+  # rounding, and a general inverse costs XLA seconds to compile); a zero eigenvalue contributes nothing (pinv)
+  inv_lam = jnp.where(lam2 > 0, 1.0 / jnp.where(lam2 > 0, lam2, 1.0), 0.0)
+  cinv = jnp.einsum('nij,nj,nkj->nik', vec, inv_lam, vec, precision=hp)
   ss = jnp.sum(jnp.einsum('nbi,nij->nbj', big, cinv, precision=hp) * big, -1).reshape(n, nv, nh) / len(cols)
   g, vv = g[:, r:r + nv, r:r + nh], vv[:, r:r + nv, r:r + nh]
   s = opts.sigma_nsq
