@@ -33,12 +33,13 @@ from visim_jax.training import workdir as workdir_lib
 from visim_jax.zoo import similarity as sim_lib
 from visim_jax.zoo import interface
 from visim_jax.core.errors import UserError
+from visim_jax.experiments import benchmark_quality
 from visim_jax.experiments import benchmark_tasks as tasks_lib
 from visim_jax.metrics import degenerate
 
 SCORE_FIELDS = ('n_boot', 'ci_level', 'seed')
 PROTOCOL_FIELDS = {'nights': ('nights_min_votes',), 'things': ('things_ties',), 'tll': ('ks',), 'classes': ('ks',)}
-DATA_FIELDS = ('nights_dir', 'bapps_dir', 'things_dir', 'tll_dir', 'cosis_dir', 'classes_dir')
+DATA_FIELDS = ('nights_dir', 'bapps_dir', 'things_dir', 'tll_dir', 'cosis_dir', 'classes_dir', 'kadid_dir')
 
 
 def validate_config(config) -> list[str]:
@@ -58,7 +59,7 @@ def validate_config(config) -> list[str]:
   checks.seed(config)
   checks.seed(config, 'demo.seed')
   checks.numbers(config, 'ks', 1, 2**31 - 1, integer=True, example='(1, 5, 20)')
-  for f in ('plots', 'bapps_2afc', 'bapps_jnd'):
+  for f in ('plots', 'bapps_2afc', 'bapps_jnd', 'demo.quality'):
     checks.flag(config, f)
   checks.choice(config, 'dtype', ('float32', 'bfloat16'))
   checks.choice(config, 'things_ties', ('le', 'lt', 'split'))
@@ -127,6 +128,10 @@ def with_demo(config):
       config.nights_dir = d.nights
     if not config.bapps_dir:
       config.bapps_dir = d.bapps
+    if not config.get('kadid_dir') and config.demo.get('quality', False):   # the mini KADID-10k
+      from visim_jax.data import quality_demo
+      config.kadid_dir = quality_demo.kadid_demo(config.demo.root or None, config.demo.seed,
+                                                 features.cache_dir(config.cache_dir))
     if not config.things_dir:  # the demo's triplet list only where the user gave none (never replaced)
       config.things_dir = d.things
       config.things_triplets = config.things_triplets or d.things_dreamsim
@@ -146,6 +151,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   specs = validate_config(config)
   t0 = time.time()
   protocols = tasks_lib.protocols(config)           # every file checked, nothing decoded
+  protocols.update(benchmark_quality.protocols(config))   # KADID-10k, ...: SRCC / KRCC / PLCC against MOS
   from visim_jax.backbones import features
   opts = interface.Options(features.check_cache_dir(config.cache_dir), config.image_batch_size, config.dtype, progress)
   models = {s: sim_lib.build(s, opts) for s in specs}   # weights and files read now: a bad entry fails here
@@ -178,12 +184,14 @@ def _cells(config, workdir, specs, protocols, models, record, progress, t0) -> d
       t1 = time.time()
       res = {}
       for task in tasks:
-        pre = sim.preprocess or tasks_lib.protocol_preprocess(task, config.lpips_size)
-        key = (sim.feature_key, pre.describe().__repr__(), tuple(task.paths))
-        if key not in memo:
-          memo[key] = sim.featurize(task.paths, f'{protocol}-{task.subset}', pre)
+        key = None
+        if not (task.native and sim.preprocess is None):   # else: the task reads the pairs at native sizes
+          pre = sim.preprocess or tasks_lib.protocol_preprocess(task, config.lpips_size)
+          key = (sim.feature_key, pre.describe().__repr__(), tuple(task.paths))
+          if key not in memo:
+            memo[key] = sim.featurize(task.paths, f'{protocol}-{task.subset}', pre)
         try:
-          res.update(task.score(sim, memo[key], sopts))
+          res.update(task.score(sim, memo.get(key), sopts))
         except UserError as e:   # a metric that does not apply to these images (MS-SSIM below 161 px): not scored
           if sim.kind not in interface.METRIC_KINDS:
             raise
