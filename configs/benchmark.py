@@ -50,6 +50,8 @@ def get_config(arg=None):
   c.cosis_image_dir = ''       # BG-20k images (train/, testval/)
   c.classes_dir = ''           # a labelled set <class>/<image> (SimNet's classes mode): leave-one-out mAP
   c.kadid_dir = ''             # KADID-10k (dmos.csv + images/): SRCC / KRCC / PLCC against DMOS (docs/benchmark.md)
+  c.tid2013_dir = ''           # TID2013 (mos_with_names.txt, distorted_images/, reference_images/): the same scores
+  c.pipal_dir = ''             # PIPAL's training set (Train_Label/, Train_Dis/, Train_Ref/): the same scores
 
   # features (cosine / adapter / simnet / context models share one pooled-feature cache per backbone)
   c.image_batch_size = 32

@@ -80,22 +80,44 @@ def test_kadid_gate(tmp_path):
     quality_data.load_kadid(str(tmp_path / 'none'))
 
 
+def test_tid2013_and_pipal_gates(tmp_path):
+  sets = quality_demo.quality_demo(str(tmp_path / 'demo'))
+  tid, pipal = quality_data.load_tid2013(sets['tid2013']), quality_data.load_pipal(sets['pipal'])
+  kadid = quality_data.load_kadid(sets['kadid'])
+  np.testing.assert_allclose(tid.mos, (kadid.mos - 1) * 9 / 4, atol=2e-4)   # the same opinions (rounded)
+  np.testing.assert_allclose(pipal.mos, 1000 + 250 * kadid.mos, atol=0.02)
+  assert tid.refs[0].endswith('reference_images/I01.BMP') and pipal.refs[0].endswith('Train_Ref/A0001.bmp')
+  with open(os.path.join(sets['tid2013'], 'mos_with_names.txt'), 'a') as f:
+    f.write('4.5 i09_01_1.bmp\n')
+  with pytest.raises(UserError, match=r'mos_with_names.txt:line 65: no reference image I09.BMP'):
+    quality_data.load_tid2013(sets['tid2013'])
+  with open(os.path.join(sets['pipal'], 'Train_Label', 'A0001.txt'), 'a') as f:
+    f.write('A0001_01_01.bmp;1500\n')
+  with pytest.raises(UserError, match=r'A0001.txt:line 17: expected "<distorted image>,<Elo score>"'):
+    quality_data.load_pipal(sets['pipal'])
+
+
 def test_leaderboard_on_the_mini_kadid(tmp_path):
   """configs/benchmark.py with kadid_dir: SRCC / KRCC / PLCC columns with intervals and ranks; the demo set in the
   published layout; a rerun reads the cells back."""
   from visim_jax import main
   from test_benchmark import demo_config
-  folder = quality_demo.kadid_demo(str(tmp_path / 'demo'))
-  assert sorted(os.listdir(folder)) == ['dmos.csv', 'images'] and len(quality_data.load_kadid(folder)) == 64
-  c = demo_config(tmp_path, 'local', models='gmsd,psnr', kadid_dir=folder, dataset='folders')
+  sets = quality_demo.quality_demo(str(tmp_path / 'demo'))
+  assert sorted(os.listdir(sets['kadid'])) == ['dmos.csv', 'images'] and len(quality_data.load_kadid(sets['kadid'])) == 64
+  c = demo_config(tmp_path, 'local', models='gmsd,psnr', kadid_dir=sets['kadid'], tid2013_dir=sets['tid2013'],
+                  pipal_dir=sets['pipal'], dataset='folders')
   work = str(tmp_path / 'w')
   summary = main.run(c, work)
-  assert summary['protocols'] == ['kadid']
+  assert summary['protocols'] == ['kadid', 'tid2013', 'pipal']
   for spec in ('gmsd', 'psnr'):
-    cells = summary['results'][spec]['kadid']
-    assert set(cells) == {'SRCC', 'KRCC', 'PLCC'}
-    for cell in cells.values():
-      assert cell['ci_low'] <= cell['score'] <= cell['ci_high'] and cell['n'] == 64 and cell['score'] > 0.2
+    for protocol in ('kadid', 'tid2013', 'pipal'):
+      cells = summary['results'][spec][protocol]
+      assert set(cells) == {'SRCC', 'KRCC', 'PLCC'}
+      for cell in cells.values():
+        assert cell['ci_low'] <= cell['score'] <= cell['ci_high'] and cell['n'] == 64 and cell['score'] > 0.2
+    # the same images and monotone transforms of the same opinions: nearly the same rank correlations
+    assert summary['results'][spec]['tid2013']['SRCC']['score'] == pytest.approx(
+        summary["results"][spec]["kadid"]["SRCC"]["score"], abs=0.01)   # the scores were rounded apart
   assert 'kadid SRCC' in open(os.path.join(work, 'leaderboard.md')).read()
   with open(os.path.join(work, 'records', os.listdir(os.path.join(work, 'records'))[0], 'kadid.json')) as f:
     assert json.load(f)['results']['SRCC']['items']['kind'] == 'corr'

@@ -14,6 +14,20 @@ kadid10k/
 (KADID-10k paper, Section 3); `var` its variance (read, not used). File names in the CSV are relative to images/.
 A row that is short, has a non-number dmos, or names a file outside the folder is refused naming the line
 (core/readers.py, data/resolve.py); a missing image names the file (judgements.check_files).
+
+TID2013 (Ponomarenko et al. 2015; tid2013.rar of ponomarenko.info unpacks to `tid2013/`):
+```
+tid2013/mos_with_names.txt      "<mos> <name>" per line, 3,000 lines (MOS 0..9, HIGHER = better)
+tid2013/distorted_images/i01_01_1.bmp      i<ref>_<distortion>_<level>.bmp
+tid2013/reference_images/I01.BMP           the reference of i<ref>_* (matched case-insensitively: the archive
+                                           mixes I / i and BMP / bmp)
+```
+PIPAL (Gu et al. 2020; the NTIRE 2021 training set: Train_Ref, Train_Dis, Train_Label):
+```
+pipal/Train_Label/A0001.txt     "<distorted name>,<Elo score>" per line (HIGHER = better)
+pipal/Train_Dis/A0001_00_00.bmp distorted images: <reference>_<type>_<index>.bmp
+pipal/Train_Ref/A0001.bmp       references
+```
 """
 from __future__ import annotations
 
@@ -74,4 +88,67 @@ def load_kadid(root: str) -> QualitySet:
   return QualitySet('kadid10k', refs, dists, np.asarray(mos, np.float64), True)
 
 
-LOADERS = {'kadid': load_kadid}
+def _refs_by_stem(folder: str, where: str) -> dict[str, str]:
+  if not os.path.isdir(folder):
+    raise UserError(f'{folder}: {where} folder not found')
+  return {os.path.splitext(n)[0].lower(): os.path.join(folder, n) for n in sorted(os.listdir(folder))}
+
+
+def load_tid2013(root: str) -> QualitySet:
+  """TID2013 under `root` (mos_with_names.txt, distorted_images/, reference_images/)."""
+  txt = os.path.join(root, 'mos_with_names.txt')
+  if not os.path.isfile(txt):
+    raise UserError(f'{txt}: TID2013 mos_with_names.txt not found (expected tid2013/mos_with_names.txt, '
+                    'distorted_images/ and reference_images/)')
+  refs_of = _refs_by_stem(os.path.join(root, 'reference_images'), 'TID2013 reference_images')
+  inside = resolve.Root(os.path.join(root, 'distorted_images')).inside
+  refs, dists, mos = [], [], []
+  for line, text in readers.text_lines(txt, 'TID2013 mos_with_names.txt'):
+    if not text.strip():
+      continue
+    where = f'{txt}:line {line}'
+    parts = text.split()
+    if len(parts) != 2:
+      raise UserError(f'{where}: expected "<mos> <image name>", got {text.strip()!r}')
+    mos.append(_number(parts[0], where, 'mos'))
+    dists.append(inside(parts[1], where, 'image name'))
+    stem = parts[1].split('_')[0].lower()
+    if stem not in refs_of:
+      raise UserError(f'{where}: no reference image {stem.upper()}.BMP in {os.path.join(root, "reference_images")}')
+    refs.append(refs_of[stem])
+  if not dists:
+    raise UserError(f'{txt}: no rows')
+  check_files(refs + dists, 'TID2013 image')
+  return QualitySet('tid2013', refs, dists, np.asarray(mos, np.float64), True)
+
+
+def load_pipal(root: str) -> QualitySet:
+  """PIPAL's training set under `root` (Train_Label/*.txt, Train_Dis/, Train_Ref/)."""
+  labels = os.path.join(root, 'Train_Label')
+  if not os.path.isdir(labels):
+    raise UserError(f'{labels}: PIPAL Train_Label folder not found (expected Train_Ref/, Train_Dis/, Train_Label/)')
+  refs_of = _refs_by_stem(os.path.join(root, 'Train_Ref'), 'PIPAL Train_Ref')
+  inside = resolve.Root(os.path.join(root, 'Train_Dis')).inside
+  refs, dists, mos = [], [], []
+  for name in sorted(n for n in os.listdir(labels) if n.endswith('.txt')):
+    path = os.path.join(labels, name)
+    for line, text in readers.text_lines(path, 'PIPAL label file'):
+      if not text.strip():
+        continue
+      where = f'{path}:line {line}'
+      parts = [t.strip() for t in text.split(',')]
+      if len(parts) != 2:
+        raise UserError(f'{where}: expected "<distorted image>,<Elo score>", got {text.strip()!r}')
+      dists.append(inside(parts[0], where, 'image name'))
+      mos.append(_number(parts[1], where, 'score'))
+      stem = parts[0].split('_')[0].lower()
+      if stem not in refs_of:
+        raise UserError(f'{where}: no reference {stem} in {os.path.join(root, "Train_Ref")}')
+      refs.append(refs_of[stem])
+  if not dists:
+    raise UserError(f'{labels}: no label rows')
+  check_files(refs + dists, 'PIPAL image')
+  return QualitySet('pipal', refs, dists, np.asarray(mos, np.float64), True)
+
+
+LOADERS = {'kadid': load_kadid, 'tid2013': load_tid2013, 'pipal': load_pipal}

@@ -39,7 +39,8 @@ from visim_jax.metrics import degenerate
 
 SCORE_FIELDS = ('n_boot', 'ci_level', 'seed')
 PROTOCOL_FIELDS = {'nights': ('nights_min_votes',), 'things': ('things_ties',), 'tll': ('ks',), 'classes': ('ks',)}
-DATA_FIELDS = ('nights_dir', 'bapps_dir', 'things_dir', 'tll_dir', 'cosis_dir', 'classes_dir', 'kadid_dir')
+DATA_FIELDS = ('nights_dir', 'bapps_dir', 'things_dir', 'tll_dir', 'cosis_dir', 'classes_dir', 'kadid_dir',
+               'tid2013_dir', 'pipal_dir')
 
 
 def validate_config(config) -> list[str]:
@@ -128,10 +129,11 @@ def with_demo(config):
       config.nights_dir = d.nights
     if not config.bapps_dir:
       config.bapps_dir = d.bapps
-    if not config.get('kadid_dir') and config.demo.get('quality', False):   # the mini KADID-10k
+    if config.demo.get('quality', False):   # the mini KADID-10k / TID2013 / PIPAL
       from visim_jax.data import quality_demo
-      config.kadid_dir = quality_demo.kadid_demo(config.demo.root or None, config.demo.seed,
-                                                 features.cache_dir(config.cache_dir))
+      q = quality_demo.quality_demo(config.demo.root or None, config.demo.seed, features.cache_dir(config.cache_dir))
+      for protocol, folder in q.items():
+        config[f'{protocol}_dir'] = config.get(f'{protocol}_dir') or folder
     if not config.things_dir:  # the demo's triplet list only where the user gave none (never replaced)
       config.things_dir = d.things
       config.things_triplets = config.things_triplets or d.things_dreamsim
