@@ -47,8 +47,7 @@ from visim_jax.core.errors import UserError
 
 WHERE = 'visim_jax.load'
 SHORT = {'dreamsim': 'cosine:dreamsim_ensemble', 'lpips': 'lpips:alex', 'lpips_alex': 'lpips:alex',
-         'lpips_vgg': 'lpips:vgg', **{m: m for m in ('psnr', 'ssim', 'ms_ssim', 'l1', 'l2', 'dists', 'fsim', 'gmsd', 'ms_gmsd', 'vif_p',
-                                    'haarpsi', 'mdsi', 'vsi', 'srsim', 'dss', 'iw_ssim')}}
+         'lpips_vgg': 'lpips:vgg', **{m: m for m in ('psnr', 'ssim', 'ms_ssim', 'l1', 'l2', 'dists')}}
 
 
 def resolve_spec(spec: str) -> str:
@@ -56,6 +55,9 @@ def resolve_spec(spec: str) -> str:
   spec = str(spec).strip()
   if spec in SHORT:
     return SHORT[spec]
+  from visim_jax.zoo.interface import METRIC_KINDS  # pylint: disable=g-import-not-at-top
+  if spec in METRIC_KINDS:   # the full-reference metrics by name ('fsim', 'gmsd', ...: models/iqa's registry)
+    return spec
   if ':' not in spec:
     from visim_jax.backbones import registry  # pylint: disable=g-import-not-at-top
     try:
