@@ -39,8 +39,8 @@ from visim_jax.metrics import degenerate
 
 SCORE_FIELDS = ('n_boot', 'ci_level', 'seed')
 PROTOCOL_FIELDS = {'nights': ('nights_min_votes',), 'things': ('things_ties',), 'tll': ('ks',), 'classes': ('ks',)}
-DATA_FIELDS = ('nights_dir', 'bapps_dir', 'things_dir', 'tll_dir', 'cosis_dir', 'classes_dir', 'kadid_dir',
-               'tid2013_dir', 'pipal_dir')
+DATA_FIELDS = ('nights_dir', 'bapps_dir', 'things_dir', 'tll_dir', 'cosis_dir', 'classes_dir',
+               *benchmark_quality.QUALITY_FIELDS)
 
 
 def validate_config(config) -> list[str]:
