@@ -52,6 +52,7 @@ def get_config(arg=None):
   c.kadid_dir = ''             # KADID-10k (dmos.csv + images/): SRCC / KRCC / PLCC against DMOS (docs/benchmark.md)
   c.tid2013_dir = ''           # TID2013 (mos_with_names.txt, distorted_images/, reference_images/): the same scores
   c.pipal_dir = ''             # PIPAL's training set (Train_Label/, Train_Dis/, Train_Ref/): the same scores
+  c.live_dir = ''              # LIVE Release 2 (databaserelease2: jp2k/ ... refimgs/, dmos_realigned.mat): the same
 
   # features (cosine / adapter / simnet / context models share one pooled-feature cache per backbone)
   c.image_batch_size = 32

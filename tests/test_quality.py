@@ -80,7 +80,7 @@ def test_kadid_gate(tmp_path):
     quality_data.load_kadid(str(tmp_path / 'none'))
 
 
-def test_tid2013_and_pipal_gates(tmp_path):
+def test_tid2013_pipal_live_gates(tmp_path):
   sets = quality_demo.quality_demo(str(tmp_path / 'demo'))
   tid, pipal = quality_data.load_tid2013(sets['tid2013']), quality_data.load_pipal(sets['pipal'])
   kadid = quality_data.load_kadid(sets['kadid'])
@@ -91,6 +91,12 @@ def test_tid2013_and_pipal_gates(tmp_path):
     f.write('4.5 i09_01_1.bmp\n')
   with pytest.raises(UserError, match=r'mos_with_names.txt:line 65: no reference image I09.BMP'):
     quality_data.load_tid2013(sets['tid2013'])
+  live = quality_data.load_live(sets['live'])
+  np.testing.assert_allclose(np.sort(live.mos), np.sort(-(5 - kadid.mos) * 20), atol=0.01)   # negated; no orgs rows
+  assert not live.higher_is_better and live.refs[0].endswith('refimgs/ref1.bmp')
+  os.remove(os.path.join(sets['live'], 'jp2k', 'img17.bmp'))            # the folder's reference row (orgs = 1)
+  with pytest.raises(UserError, match='67 images in the five folders but 68 DMOS values'):
+    quality_data.load_live(sets['live'])
   with open(os.path.join(sets['pipal'], 'Train_Label', 'A0001.txt'), 'a') as f:
     f.write('A0001_01_01.bmp;1500\n')
   with pytest.raises(UserError, match=r'A0001.txt:line 17: expected "<distorted image>,<Elo score>"'):
@@ -105,12 +111,12 @@ def test_leaderboard_on_the_mini_kadid(tmp_path):
   sets = quality_demo.quality_demo(str(tmp_path / 'demo'))
   assert sorted(os.listdir(sets['kadid'])) == ['dmos.csv', 'images'] and len(quality_data.load_kadid(sets['kadid'])) == 64
   c = demo_config(tmp_path, 'local', models='gmsd,psnr', kadid_dir=sets['kadid'], tid2013_dir=sets['tid2013'],
-                  pipal_dir=sets['pipal'], dataset='folders')
+                  pipal_dir=sets['pipal'], live_dir=sets['live'], dataset='folders')
   work = str(tmp_path / 'w')
   summary = main.run(c, work)
-  assert summary['protocols'] == ['kadid', 'tid2013', 'pipal']
+  assert summary['protocols'] == ['kadid', 'tid2013', 'pipal', 'live']
   for spec in ('gmsd', 'psnr'):
-    for protocol in ('kadid', 'tid2013', 'pipal'):
+    for protocol in ('kadid', 'tid2013', 'pipal', 'live'):
       cells = summary['results'][spec][protocol]
       assert set(cells) == {'SRCC', 'KRCC', 'PLCC'}
       for cell in cells.values():

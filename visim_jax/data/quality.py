@@ -28,6 +28,17 @@ pipal/Train_Label/A0001.txt     "<distorted name>,<Elo score>" per line (HIGHER 
 pipal/Train_Dis/A0001_00_00.bmp distorted images: <reference>_<type>_<index>.bmp
 pipal/Train_Ref/A0001.bmp       references
 ```
+LIVE Release 2 (Sheikh, Sabir & Bovik 2006; databaserelease2.zip of live.ece.utexas.edu):
+```
+databaserelease2/jp2k/img1.bmp ... img227.bmp, jpeg/ (233), wn/ (174), gblur/ (174), fastfading/ (174)
+databaserelease2/refimgs/<name>.bmp         the 29 references
+databaserelease2/refnames_all.mat           refnames_all: the reference name of each of the 982 images, in the order
+                                            jp2k, jpeg, wn, gblur, fastfading, img1, img2, ... within each
+databaserelease2/dmos_realigned.mat         dmos_new, orgs (the realigned DMOS; dmos.mat's dmos, orgs if absent)
+```
+DMOS: HIGHER = WORSE (negated here); rows with orgs = 1 (the references themselves) are left out, as the papers do.
+The .mat files are read by scipy.io.loadmat (MATLAB arrays, no code), a missing variable or a count that does not
+match the image folders is one line naming the file.
 """
 from __future__ import annotations
 
@@ -151,4 +162,46 @@ def load_pipal(root: str) -> QualitySet:
   return QualitySet('pipal', refs, dists, np.asarray(mos, np.float64), True)
 
 
-LOADERS = {'kadid': load_kadid, 'tid2013': load_tid2013, 'pipal': load_pipal}
+LIVE_FOLDERS = ('jp2k', 'jpeg', 'wn', 'gblur', 'fastfading')
+
+
+def _mat(path: str, names: tuple[str, ...]) -> list:
+  from scipy import io  # pylint: disable=g-import-not-at-top
+  try:
+    m = io.loadmat(path)
+  except Exception as e:  # pylint: disable=broad-except  (a damaged or non-MATLAB file: one line)
+    raise UserError(f'{path}: not a readable MATLAB file ({type(e).__name__}: {str(e)[:120]})') from None
+  missing = [n for n in names if n not in m]
+  if missing:
+    raise UserError(f'{path}: no variable {missing[0]!r} (expected {", ".join(names)})')
+  return [np.asarray(m[n]).reshape(-1) for n in names]
+
+
+def load_live(root: str) -> QualitySet:
+  """LIVE Release 2 under `root` (the five distortion folders, refimgs/, refnames_all.mat, dmos[_realigned].mat)."""
+  import re  # pylint: disable=g-import-not-at-top
+  dists = []
+  for folder in LIVE_FOLDERS:
+    d = os.path.join(root, folder)
+    if not os.path.isdir(d):
+      raise UserError(f'{d}: LIVE folder not found (expected {", ".join(LIVE_FOLDERS)}, refimgs/ and the .mat files '
+                      'of databaserelease2)')
+    names = [n for n in os.listdir(d) if re.fullmatch(r'img\d+\.bmp', n)]
+    dists += [os.path.join(d, n) for n in sorted(names, key=lambda n: int(n[3:-4]))]
+  realigned = os.path.join(root, 'dmos_realigned.mat')
+  dmos, orgs = (_mat(realigned, ('dmos_new', 'orgs')) if os.path.isfile(realigned)
+                else _mat(os.path.join(root, 'dmos.mat'), ('dmos', 'orgs')))
+  (refnames,) = _mat(os.path.join(root, 'refnames_all.mat'), ('refnames_all',))
+  if not len(dmos) == len(orgs) == len(refnames) == len(dists):
+    raise UserError(f'{root}: {len(dists)} images in the five folders but {len(dmos)} DMOS values, {len(orgs)} orgs '
+                    f'flags and {len(refnames)} reference names (databaserelease2 has 982 of each)')
+  inside = resolve.Root(os.path.join(root, 'refimgs')).inside
+  keep = [i for i in range(len(dists)) if int(orgs[i]) == 0]
+  refs = [inside(str(np.asarray(refnames[i]).reshape(-1)[0]), f'{root}/refnames_all.mat:entry {i + 1}', 'refname')
+          for i in keep]
+  dists = [dists[i] for i in keep]
+  check_files(refs + dists, 'LIVE image')
+  return QualitySet('live', refs, dists, -np.asarray(dmos, np.float64)[keep], False)
+
+
+LOADERS = {'kadid': load_kadid, 'tid2013': load_tid2013, 'pipal': load_pipal, 'live': load_live}

@@ -6,7 +6,8 @@ The simulated DMOS (1..5, higher = better, as KADID-10k's): 5 - 4 v / (v + 0.35)
 a per-family visibility (blur 1.0, noise 1.3, colour 0.6, superres 0.9) times a log-normal factor per image, so
 metrics that weigh the families differently rank differently. These are simulated opinions: the numbers rank
 metrics on this toy set only and are not comparable with the published ones (QUALITY_DEMO_NOTE). The same images
-and scores are written in the three layouts (TID2013's MOS = (DMOS - 1) 9 / 4, PIPAL's Elo = 1000 + 250 DMOS).
+and scores are written in four layouts (TID2013's MOS = (DMOS - 1) 9 / 4, PIPAL's Elo = 1000 + 250 DMOS, LIVE's
+DMOS = (5 - DMOS) 20, higher = worse).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 from visim_jax.core import ops
 from visim_jax.data import demo, human_demo
 
-QUALITY_DEMO_VERSION = 2
+QUALITY_DEMO_VERSION = 3
 SIZE = 192
 FAMILIES = {'blur': 1.0, 'noise': 1.3, 'colour': 0.6, 'superres': 0.9}
 LEVELS = (0.1, 0.25, 0.45, 0.7)
@@ -53,11 +54,42 @@ def _build(folder: str, seed: int) -> None:
     ref.save(os.path.join(_dir(pipal, 'Train_Ref'), f'A{r:04d}.bmp'), 'BMP')
     dist.save(os.path.join(_dir(pipal, 'Train_Dis'), f'A{r:04d}_{f:02d}_{lv:02d}.bmp'), 'BMP')
     pipal_lines.setdefault(r, []).append(f'A{r:04d}_{f:02d}_{lv:02d}.bmp,{1000.0 + 250.0 * dmos:.4f}')
+  _live(os.path.join(folder, 'live'), rows)
   ops.atomic_write_text(os.path.join(kadid, 'dmos.csv'),
                         human_demo._csv_text(('dist_img', 'ref_img', 'dmos', 'var'), csv_rows))  # pylint: disable=protected-access
   ops.atomic_write_text(os.path.join(tid, 'mos_with_names.txt'), '\n'.join(tid_lines) + '\n')
   for r, lines in pipal_lines.items():
     ops.atomic_write_text(os.path.join(_dir(pipal, 'Train_Label'), f'A{r:04d}.txt'), '\n'.join(lines) + '\n')
+
+
+def _live(live: str, rows) -> None:
+  """LIVE Release 2's layout: family f -> folder f of LIVE's five (4 used), img<k>.bmp in row order, one
+  reference row per folder (orgs = 1, as LIVE lists them), DMOS = (5 - dmos) 20 (higher = worse)."""
+  from scipy import io  # pylint: disable=g-import-not-at-top
+  from visim_jax.data import quality  # pylint: disable=g-import-not-at-top
+  names, dmos, orgs = [], [], []
+  for f, folder in enumerate(quality.LIVE_FOLDERS, 1):
+    k = 0
+    for r, ff, _, ref, dist, score in rows:
+      if ff != f:
+        continue
+      k += 1
+      dist.save(os.path.join(_dir(live, folder), f'img{k}.bmp'), 'BMP')
+      ref.save(os.path.join(_dir(live, 'refimgs'), f'ref{r}.bmp'), 'BMP')
+      names.append(f'ref{r}.bmp')
+      dmos.append((5.0 - score) * 20.0)
+      orgs.append(0)
+    if k:   # LIVE also lists the references inside each folder (orgs = 1): one here, left out by the loader
+      ref0 = next(row for row in rows if row[1] == f)
+      ref0[3].save(os.path.join(live, folder, f'img{k + 1}.bmp'), 'BMP')
+      names.append(f'ref{ref0[0]}.bmp')
+      dmos.append(0.0)
+      orgs.append(1)
+  cells = np.empty((1, len(names)), dtype=object)
+  cells[0, :] = names
+  io.savemat(os.path.join(live, 'refnames_all.mat'), {'refnames_all': cells})
+  io.savemat(os.path.join(live, 'dmos_realigned.mat'), {'dmos_new': np.asarray([dmos]), 'orgs': np.asarray([orgs])})
+  _dir(live, 'fastfading')   # the fifth folder (empty here)
 
 
 def _dir(*parts) -> str:
@@ -71,7 +103,7 @@ def quality_demo(root: str | None = None, seed: int = 0, cache_dir: str | None =
   folder = demo.write_once(root or demo.default_root(cache_dir), f'quality-v{QUALITY_DEMO_VERSION}-seed{seed}',
                            lambda f: _build(f, seed), {'version': QUALITY_DEMO_VERSION, 'seed': seed})
   return {'kadid': os.path.join(folder, 'kadid10k'), 'tid2013': os.path.join(folder, 'tid2013'),
-          'pipal': os.path.join(folder, 'pipal')}
+          'pipal': os.path.join(folder, 'pipal'), 'live': os.path.join(folder, 'live')}
 
 
 def kadid_demo(root: str | None = None, seed: int = 0, cache_dir: str | None = None) -> str:

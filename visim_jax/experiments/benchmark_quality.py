@@ -7,6 +7,7 @@ logistic, metrics/quality.py) of a model's quality -distance(reference, distorte
   kadid_dir      KADID-10k: dmos.csv + images/               kadid
   tid2013_dir    TID2013: mos_with_names.txt + *_images/     tid2013
   pipal_dir      PIPAL (train): Train_Label/ + Train_Dis/ + Train_Ref/   pipal
+  live_dir       LIVE Release 2: 5 folders + refimgs/ + .mat files       live
 
 Image models (the full-reference metrics, LPIPS, DISTS: `Similarity.preprocess is None`) compare each pair at its
 native size, as the IQA papers and piq / pyiqa do (pairs of one size batched together, `pair_batch` at most
@@ -18,7 +19,7 @@ import numpy as np
 
 from visim_jax.experiments.benchmark_tasks import Task, ScoreOptions, _ci, _index, _pairs
 
-QUALITY_FIELDS = {'kadid_dir': 'kadid', 'tid2013_dir': 'tid2013', 'pipal_dir': 'pipal'}
+QUALITY_FIELDS = {'kadid_dir': 'kadid', 'tid2013_dir': 'tid2013', 'pipal_dir': 'pipal', 'live_dir': 'live'}
 NATIVE_BATCH = 8
 
 
