@@ -90,6 +90,12 @@ def test_zoo_specs_batches_and_errors(photos):
   np.testing.assert_allclose([m.distance(ref[i], cand[i]) for i in range(2)], whole[:2], atol=1e-6, rtol=1e-5)
   np.testing.assert_allclose(vj.load('mdsi:mult').distance(ref[:2], cand[:2]),
                              iqa.distance('mdsi', iqa.METRICS['mdsi'].variants['mult'])(ref[:2], cand[:2]), atol=1e-6)
+  # gmsd:paper = the authors' std2 (N - 1) on the same map: sqrt(N / (N - 1)) times piq's population std
+  m = iqa.METRICS['gmsd']
+  piq_v = np.asarray(m.fn(cand, ref, m.variants['piq']))
+  n = ((ODD[0] + 1) // 2) * ((ODD[1] + 1) // 2)      # the map after the 2x downsampling
+  np.testing.assert_allclose(np.asarray(m.fn(cand, ref, m.variants['paper'])), piq_v * np.sqrt(n / (n - 1)),
+                             rtol=1e-5)
   with pytest.raises(UserError, match="fsim variants: fsim:piq, fsim:grey"):
     vj.load('fsim:paper')
   with pytest.raises(UserError, match='iw_ssim: images of 64x64 px; iw_ssim needs sides of at least 161 px'):

@@ -26,7 +26,7 @@ class Metric:
 
 METRICS = {
     'fsim': Metric(fsim.fsim, {'piq': fsim.FSIMOptions(), 'grey': fsim.FSIMOptions(chromatic=False)}, True),
-    'gmsd': Metric(gmsd.gmsd, {'piq': gmsd.GMSDOptions()}, False),
+    'gmsd': Metric(gmsd.gmsd, {'piq': gmsd.GMSDOptions(), 'paper': gmsd.GMSDOptions(ddof=1)}, False),
     'ms_gmsd': Metric(gmsd.ms_gmsd, {'piq': gmsd.MSGMSDOptions(), 'chromatic': gmsd.MSGMSDOptions(chromatic=True)},
                       False),
     'vif_p': Metric(vif.vif_p, {'piq': vif.VIFOptions()}, True),

@@ -3,7 +3,8 @@ magnitude similarity map, LOWER = more similar (0: identical). As piq 0.8.0 `gms
 
   GMSD     Y of YIQ on [0, 1] values, one 2x downsampling (zero-pad bottom / right to even, 2x2 mean; the paper's
            MATLAB filters by a 2x2 box with conv2 'same' and keeps every other pixel), Prewitt gradients (zero
-           padding), GMS = (2 m_x m_y + T) / (m_x^2 + m_y^2 + T) with T = 170 / 255^2, GMSD = std(GMS) (population)
+           padding), GMS = (2 m_x m_y + T) / (m_x^2 + m_y^2 + T) with T = 170 / 255^2, GMSD = std(GMS) (population;
+           `ddof=1`, the `gmsd:paper` variant: MATLAB's std2 with N - 1, as the authors' GMSD.m)
   MS-GMSD  0..255 values, YIQ, 4 scales (halving as above), GMS with the masking alpha = 0.5 and T = 170,
            sqrt(sum_j w_j GMSD_j^2), w = (0.096, 0.596, 0.289, 0.019); `chromatic` (MS-GMSDc) adds the RMSE of I, Q
            at the coarsest scale: gamma MS-GMSD + (1 - gamma) beta1 RMSE_IQ, gamma = 2 / (1 + beta2 e^(-beta3
@@ -23,6 +24,7 @@ from visim_jax.models.iqa import ops
 @dataclasses.dataclass(frozen=True)
 class GMSDOptions:
   t: float = 170.0 / 255.0 ** 2      # on [0, 1] values (= the paper's 170 on 0..255)
+  ddof: int = 0                      # 0: piq's population std; 1: the authors' GMSD.m (MATLAB std2, N - 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,10 +38,12 @@ class MSGMSDOptions:
   t: float = 170.0
 
 
-def _gmsd(x, y, t: float, alpha: float = 0.0):
-  """(N, H, W) luminance maps -> (N,) the population std of the gradient magnitude similarity map."""
+def _gmsd(x, y, t: float, alpha: float = 0.0, ddof: int = 0):
+  """(N, H, W) luminance maps -> (N,) the standard deviation of the gradient magnitude similarity map."""
   gms = ops.similarity_map(ops.gradient_map(x), ops.gradient_map(y), t, alpha)
-  return jnp.sqrt(jnp.mean(jnp.square(gms - jnp.mean(gms, axis=(1, 2), keepdims=True)), axis=(1, 2)))
+  n = gms.shape[1] * gms.shape[2]
+  ss = jnp.sum(jnp.square(gms - jnp.mean(gms, axis=(1, 2), keepdims=True)), axis=(1, 2))
+  return jnp.sqrt(ss / (n - ddof))
 
 
 @functools.partial(cpu_kernels.jit, static_argnums=2)
@@ -47,7 +51,7 @@ def gmsd(x, y, opts: GMSDOptions = GMSDOptions()):
   """(N,) GMSD of float [0, 1] NHWC RGB batches (LOWER = more similar)."""
   a = ops.halve(ops.mix(ops.unit(x), ops.YIQ)[..., :1])[..., 0]
   b = ops.halve(ops.mix(ops.unit(y), ops.YIQ)[..., :1])[..., 0]
-  return _gmsd(a, b, opts.t)
+  return _gmsd(a, b, opts.t, 0.0, opts.ddof)
 
 
 @functools.partial(cpu_kernels.jit, static_argnums=2)
