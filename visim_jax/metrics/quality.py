@@ -5,13 +5,13 @@ scores (KADID-10k, TID2013, PIPAL, CSIQ, LIVE, PieAPP).
   krcc(q, mos)        Kendall's tau-b (scipy.stats.kendalltau, ties corrected)
   plcc(q, mos)        Pearson's correlation of the MOS with f(q), f the five-parameter logistic
                         f(q) = b1 (1/2 - 1 / (1 + exp(b2 (q - b3)))) + b4 q + b5
-                      fitted by least squares (scipy.optimize.curve_fit): the mapping of the VQEG Phase I final
-                      report and of Sheikh, Sabir & Bovik (2006, "A statistical evaluation of recent full reference
-                      image quality assessment algorithms", the LIVE study), which the FSIM, VSI, GMSD, MDSI, HaarPSI
-                      and KADID-10k papers report PLCC after. Why: PLCC asks for linearity, and a metric's scale is
-                      nonlinear in MOS; the logistic removes that monotone nonlinearity (as SRCC does by ranks) so
-                      PLCC measures the scatter around it, comparable with the papers' tables. (pyiqa's benchmark
-                      fits a four-parameter logistic instead; on monotone data the two differ in the third decimal.)
+                      fitted by least squares (scipy.optimize.curve_fit): the mapping of Sheikh, Sabir & Bovik
+                      (2006, "A statistical evaluation of recent full reference image quality assessment
+                      algorithms", the LIVE study, after the VQEG Phase I report), which full-reference IQA papers
+                      commonly report PLCC after. Why: PLCC asks for linearity, and a metric's scale is nonlinear
+                      in MOS; the logistic removes that monotone nonlinearity (as SRCC does by ranks) so PLCC
+                      measures the scatter around it, comparable with those papers' tables. (pyiqa's benchmark
+                      fits a four-parameter logistic instead; the two were not compared here.)
                       Start: b = (max MOS - min MOS, 1 / std(q), mean(q), 0, mean(MOS)); if the fit does not
                       converge, the linear PLCC (no mapping) is reported and the cell says so.
   quality = -distance for the zoo's distances (smaller = more similar) and MOS oriented so higher = better: a good
