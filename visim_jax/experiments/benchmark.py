@@ -129,11 +129,10 @@ def with_demo(config):
       config.nights_dir = d.nights
     if not config.bapps_dir:
       config.bapps_dir = d.bapps
-    if config.demo.get('quality', False):   # the mini KADID-10k / TID2013 / PIPAL
-      from visim_jax.data import quality_demo
-      q = quality_demo.quality_demo(config.demo.root or None, config.demo.seed, features.cache_dir(config.cache_dir))
-      for protocol, folder in q.items():
-        config[f'{protocol}_dir'] = config.get(f'{protocol}_dir') or folder
+    if config.demo.get('quality', False) and not config.get('kadid_dir'):   # the mini KADID-10k (its TID2013,
+      from visim_jax.data import quality_demo                               # PIPAL and LIVE twins hold the same
+      config.kadid_dir = quality_demo.quality_demo(                         # images: not scored twice)
+          config.demo.root or None, config.demo.seed, features.cache_dir(config.cache_dir))['kadid']
     if not config.things_dir:  # the demo's triplet list only where the user gave none (never replaced)
       config.things_dir = d.things
       config.things_triplets = config.things_triplets or d.things_dreamsim
@@ -144,8 +143,8 @@ def human_demo_note(config) -> str:
   """data/human_demo.DEMO_NOTE when the demo sets fill a protocol folder (dataset='demo'), else ''."""
   if config.dataset != 'demo':
     return ''
-  from visim_jax.data import human_demo
-  return human_demo.DEMO_NOTE
+  from visim_jax.data import human_demo, quality_demo
+  return human_demo.DEMO_NOTE + ('; ' + quality_demo.QUALITY_DEMO_NOTE if config.demo.get('quality', False) else '')
 
 
 def run(config, workdir: str, progress: bool = True) -> dict:
