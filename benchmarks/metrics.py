@@ -8,6 +8,10 @@ vs another photo, a blur, a shift) at --size (MS-SSIM at max(--size, 161): it ne
 pairs, put on each side's device before timing (ours: the uint8 arrays, turned into [0, 1] floats inside the timed
 program; the reference: [0, 1] float tensors made before timing), scores brought back to the host:
   psnr     ours: models/classical.psnr            reference: piq.psnr(data_range=1, reduction='none') (piq 0.8.0)
+  fsim, gmsd, ms_gmsd, vif_p, haarpsi, mdsi, vsi, srsim, dss, iw_ssim (--metrics=iqa: all ten)
+           ours: models/iqa (piq's defaults)     reference: piq 0.8.0's function (reduction='none'); IW-SSIM at
+           max(--size, 161); SR-SIM's values are checked one pair a call (piq normalises over its batch), timed in
+           batches on both sides
   ssim     ours: models/classical.ssim            reference: pytorch_msssim.ssim(data_range=1, size_average=False)
   ms_ssim  ours: models/classical.ms_ssim         reference: pytorch_msssim.ms_ssim(...)  (pytorch-msssim 1.0.0)
   dists    ours: models/dists.dists (real weights) reference: DISTS_pytorch.DISTS_pt.DISTS with the same VGG16 conv
@@ -40,6 +44,13 @@ import numpy as np  # noqa: E402
 from visim_jax.core import cpu_kernels  # noqa: E402
 
 TOLERANCE = {'psnr': 1e-3, 'ssim': 1e-4, 'ms_ssim': 1e-4, 'dists': 1e-5}
+# the ten IQA metrics of models/iqa against piq 0.8.0's functions (module, function); uint8 -> [0, 1] on both sides
+PIQ_IQA = {'fsim': ('fsim', 'fsim'), 'gmsd': ('gmsd', 'gmsd'), 'ms_gmsd': ('gmsd', 'multi_scale_gmsd'),
+           'vif_p': ('vif', 'vif_p'), 'haarpsi': ('haarpsi', 'haarpsi'), 'mdsi': ('mdsi', 'mdsi'),
+           'vsi': ('vsi', 'vsi'), 'srsim': ('srsim', 'srsim'), 'dss': ('dss', 'dss'),
+           'iw_ssim': ('iw_ssim', 'information_weighted_ssim')}
+TOLERANCE.update({m: 1e-4 for m in PIQ_IQA})
+MIN_SIDE = {'ms_ssim': 161, 'iw_ssim': 161}
 
 
 def _local(name):
@@ -50,22 +61,26 @@ def _local(name):
   return mod
 
 
-def piq_psnr():
-  """piq.psnr without piq/__init__ (it imports torchvision for other metrics)."""
+def piq_fn(module: str = 'psnr', name: str = 'psnr'):
+  """A piq function without piq/__init__ (it imports torchvision for other metrics)."""
   import importlib  # pylint: disable=g-import-not-at-top
   import importlib.util  # pylint: disable=g-import-not-at-top
   spec = importlib.util.find_spec('piq')
   if spec is None:
-    raise SystemExit('benchmarks/metrics.py: psnr needs piq: pip install --no-deps piq==0.8.0')
+    raise SystemExit(f'benchmarks/metrics.py: {name} needs piq: pip install --no-deps piq==0.8.0')
   pkg = types.ModuleType('piq')
   pkg.__path__ = list(spec.submodule_search_locations)
   saved = sys.modules.get('piq')
   sys.modules['piq'] = pkg
   try:
-    return importlib.import_module('piq.psnr').psnr
+    return getattr(importlib.import_module(f'piq.{module}'), name)
   finally:
     if saved is None:
       sys.modules.pop('piq', None)
+
+
+def piq_psnr():
+  return piq_fn('psnr', 'psnr')
 
 
 def dists_reference(model, torch):
@@ -101,6 +116,13 @@ def random_pairs(size: int, n: int, seed: int = 0):
 def sides(metric: str, tdev: str, torch):
   """(ours(u0, u1) -> np (B,), reference(t0, t1) -> np (B,)) for one metric; u uint8 NHWC, t float NCHW [0, 1]."""
   from visim_jax.models import classical as C  # pylint: disable=g-import-not-at-top
+  if metric in PIQ_IQA:   # ours(distorted, reference) as piq's (x, y); the pairs' second image is the distorted one
+    from visim_jax.models import iqa  # pylint: disable=g-import-not-at-top
+    m = iqa.METRICS[metric]
+    opts = next(iter(m.variants.values()))
+    ref_fn = piq_fn(*PIQ_IQA[metric])
+    fn = cpu_kernels.jit(lambda u0, u1: m.fn(u1, u0, opts))
+    return (lambda u0, u1: np.asarray(fn(u0, u1))), (lambda t0, t1: ref_fn(t1, t0, reduction='none'))
   if metric == 'dists':
     from visim_jax.models import dists as D  # pylint: disable=g-import-not-at-top
     model = D.load_dists()
@@ -146,8 +168,10 @@ def main(argv=None) -> dict:
         flush=True)
   from visim_jax.core.errors import UserError  # pylint: disable=g-import-not-at-top
   results, rows, skipped = [], [], {}
-  for metric in [m.strip() for m in a.metrics.split(',') if m.strip()]:
-    size = max(a.size, 161) if metric == 'ms_ssim' else a.size
+  names = [m.strip() for m in a.metrics.split(',') if m.strip()]
+  names = [n for m in names for n in (PIQ_IQA if m == 'iqa' else (m,))]
+  for metric in names:
+    size = max(a.size, MIN_SIDE.get(metric, 0))
     x0, x1 = pairs_of(size, a.pairs)
     batches = [(x0[i:i + a.batch], x1[i:i + a.batch]) for i in range(0, a.pairs, a.batch)]
     to_t = lambda u: torch.from_numpy(np.ascontiguousarray(u.transpose(0, 3, 1, 2)).astype(np.float32) / 255.0)
@@ -174,6 +198,10 @@ def main(argv=None) -> dict:
     d_ours = run_ours()
     compile_s = time.perf_counter() - t
     d_ref = run_ref()
+    if metric == 'srsim':   # piq normalises SR-SIM's saliency over its whole batch: values checked one pair a call
+      with torch.no_grad():
+        d_ref = np.concatenate([ref(t0[i:i + 1], t1[i:i + 1]).cpu().numpy() for t0, t1 in tb
+                                for i in range(len(t0))])
     diff = float(np.max(np.abs(d_ours - d_ref)))
     if not diff <= TOLERANCE[metric]:
       raise SystemExit(f'benchmarks/metrics.py: {metric}: ours and the reference differ by {diff:.3g} '
@@ -181,7 +209,7 @@ def main(argv=None) -> dict:
     times = inter.interleaved({'ours': run_ours, 'reference': run_ref}, a.alternations, warmup=False,
                               min_time=a.min_time)
     stats = inter.compare(times['ours'], times['reference'], work=a.pairs, unit='pairs')
-    refname = {'psnr': 'piq 0.8.0', 'ssim': 'pytorch-msssim 1.0.0', 'ms_ssim': 'pytorch-msssim 1.0.0',
+    refname = {**{m_: 'piq 0.8.0' for m_ in PIQ_IQA}, 'psnr': 'piq 0.8.0', 'ssim': 'pytorch-msssim 1.0.0', 'ms_ssim': 'pytorch-msssim 1.0.0',
                'dists': 'DISTS_pytorch 0.1'}[metric]
     res = {'metric': metric, 'size': size, 'pairs': a.pairs, 'batch': min(a.batch, a.pairs), 'max_abs_diff': diff,
            'ours_compile_and_first_s': compile_s, **stats}

@@ -50,6 +50,10 @@ def get_config(arg=None):
   c.cosis_dir = ''             # CoSIS annotations (paper 004): mulref_val / mulref_test 2AFC
   c.cosis_image_dir = ''       # BG-20k images (train/, testval/)
   c.classes_dir = ''           # a labelled set <class>/<image> (SimNet's classes mode): leave-one-out mAP
+  c.kadid_dir = ''             # KADID-10k (dmos.csv + images/): SRCC / KRCC / PLCC against DMOS (docs/benchmark.md)
+  c.tid2013_dir = ''           # TID2013 (mos_with_names.txt, distorted_images/, reference_images/): the same scores
+  c.pipal_dir = ''             # PIPAL's training set (Train_Label/, Train_Dis/, Train_Ref/): the same scores
+  c.live_dir = ''              # LIVE Release 2 (databaserelease2: jp2k/ ... refimgs/, dmos_realigned.mat): the same
 
   # features (cosine / adapter / simnet / context models share one pooled-feature cache per backbone)
   c.image_batch_size = 32
@@ -72,7 +76,7 @@ def get_config(arg=None):
   # dataset='demo': mini NIGHTS / BAPPS / THINGS folders (visim_jax/data/human_demo.py), written once under
   # demo.root ('' = beside the feature cache), used for every protocol folder left empty
   c.dataset = 'folders'        # 'folders' (the *_dir fields) | 'demo'
-  c.demo = ml_collections.ConfigDict({'root': '', 'seed': 0})
+  c.demo = ml_collections.ConfigDict({'root': '', 'seed': 0, 'quality': True})   # quality: + a mini KADID-10k
 
   if arg in ('demo', 'local'):
     c.dataset = 'demo'
@@ -82,6 +86,7 @@ def get_config(arg=None):
     c.n_boot = 200
     if arg == 'local':          # quick: the two fast models, one set per protocol
       c.models = 'cosine:efficientnet_lite0,lpips:alex'
+      c.demo.quality = False
       c.nights_splits, c.bapps_sets, c.bapps_jnd_sets = 'test', 'traditional', 'traditional'
   elif arg:
     raise ValueError(f'configs/benchmark.py: unknown argument {arg!r} (known: demo, local)')

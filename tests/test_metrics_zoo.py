@@ -17,7 +17,7 @@ import subprocs  # noqa: E402  pylint: disable=g-import-not-at-top
 
 # one spec of each kind (and the variants whose code differs); tiny random weights where the kind has a network
 SPECS = ('psnr', 'psnr:y', 'ssim', 'ssim:skimage', 'l1', 'l2:lab', 'dists:vgg:tiny', 'lpips:alex:tiny',
-         'cosine:alexnet:tiny')
+         'cosine:alexnet:tiny', 'gmsd')
 # on 8 devices: one spec of every kind (ms_ssim, which needs 161 px, is covered alone / batched below)
 DEVICE_SPECS = ('psnr', 'ssim', 'l1', 'l2:lab', 'dists:vgg:tiny', 'lpips:alex:tiny', 'cosine:alexnet:tiny')
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -55,6 +55,9 @@ def resolve_spec(spec: str) -> str:
   spec = str(spec).strip()
   if spec in SHORT:
     return SHORT[spec]
+  from visim_jax.zoo.interface import METRIC_KINDS  # pylint: disable=g-import-not-at-top
+  if spec in METRIC_KINDS:   # the full-reference metrics by name ('fsim', 'gmsd', ...: models/iqa's registry)
+    return spec
   if ':' not in spec:
     from visim_jax.backbones import registry  # pylint: disable=g-import-not-at-top
     try:

@@ -33,12 +33,14 @@ from visim_jax.training import workdir as workdir_lib
 from visim_jax.zoo import similarity as sim_lib
 from visim_jax.zoo import interface
 from visim_jax.core.errors import UserError
+from visim_jax.experiments import benchmark_quality
 from visim_jax.experiments import benchmark_tasks as tasks_lib
 from visim_jax.metrics import degenerate
 
 SCORE_FIELDS = ('n_boot', 'ci_level', 'seed')
 PROTOCOL_FIELDS = {'nights': ('nights_min_votes',), 'things': ('things_ties',), 'tll': ('ks',), 'classes': ('ks',)}
-DATA_FIELDS = ('nights_dir', 'bapps_dir', 'things_dir', 'tll_dir', 'cosis_dir', 'classes_dir')
+DATA_FIELDS = ('nights_dir', 'bapps_dir', 'things_dir', 'tll_dir', 'cosis_dir', 'classes_dir',
+               *benchmark_quality.QUALITY_FIELDS)
 
 
 def validate_config(config) -> list[str]:
@@ -58,7 +60,7 @@ def validate_config(config) -> list[str]:
   checks.seed(config)
   checks.seed(config, 'demo.seed')
   checks.numbers(config, 'ks', 1, 2**31 - 1, integer=True, example='(1, 5, 20)')
-  for f in ('plots', 'bapps_2afc', 'bapps_jnd'):
+  for f in ('plots', 'bapps_2afc', 'bapps_jnd', 'demo.quality'):
     checks.flag(config, f)
   checks.choice(config, 'dtype', ('float32', 'bfloat16'))
   checks.choice(config, 'things_ties', ('le', 'lt', 'split'))
@@ -141,6 +143,10 @@ def with_demo(config):
       config.nights_dir = d.nights
     if not config.bapps_dir:
       config.bapps_dir = d.bapps
+    if config.demo.get('quality', False) and not config.get('kadid_dir'):   # the mini KADID-10k (its TID2013,
+      from visim_jax.data import quality_demo                               # PIPAL and LIVE twins hold the same
+      config.kadid_dir = quality_demo.quality_demo(                         # images: not scored twice)
+          config.demo.root or None, config.demo.seed, features.cache_dir(config.cache_dir))['kadid']
     if not config.things_dir:  # the demo's triplet list only where the user gave none (never replaced)
       config.things_dir = d.things
       config.things_triplets = config.things_triplets or d.things_dreamsim
@@ -151,8 +157,8 @@ def human_demo_note(config) -> str:
   """data/human_demo.DEMO_NOTE when the demo sets fill a protocol folder (dataset='demo'), else ''."""
   if config.dataset != 'demo':
     return ''
-  from visim_jax.data import human_demo
-  return human_demo.DEMO_NOTE
+  from visim_jax.data import human_demo, quality_demo
+  return human_demo.DEMO_NOTE + ('; ' + quality_demo.QUALITY_DEMO_NOTE if config.demo.get('quality', False) else '')
 
 
 def run(config, workdir: str, progress: bool = True) -> dict:
@@ -160,6 +166,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   specs = validate_config(config)
   t0 = time.time()
   protocols = tasks_lib.protocols(config)           # every file checked, nothing decoded
+  protocols.update(benchmark_quality.protocols(config))   # KADID-10k, ...: SRCC / KRCC / PLCC against MOS
   from visim_jax.backbones import features
   opts = interface.Options(features.check_cache_dir(config.cache_dir), config.image_batch_size, config.dtype, progress)
   models = {s: sim_lib.build(s, opts) for s in specs}   # weights and files read now: a bad entry fails here
@@ -192,12 +199,14 @@ def _cells(config, workdir, specs, protocols, models, record, progress, t0) -> d
       t1 = time.time()
       res = {}
       for task in tasks:
-        pre = sim.preprocess or tasks_lib.protocol_preprocess(task, config.lpips_size)
-        key = (sim.feature_key, pre.describe().__repr__(), tuple(task.paths))
-        if key not in memo:
-          memo[key] = sim.featurize(task.paths, f'{protocol}-{task.subset}', pre)
+        key = None
+        if not (task.native and sim.preprocess is None):   # else: the task reads the pairs at native sizes
+          pre = sim.preprocess or tasks_lib.protocol_preprocess(task, config.lpips_size)
+          key = (sim.feature_key, pre.describe().__repr__(), tuple(task.paths))
+          if key not in memo:
+            memo[key] = sim.featurize(task.paths, f'{protocol}-{task.subset}', pre)
         try:
-          res.update(task.score(sim, memo[key], sopts))
+          res.update(task.score(sim, memo.get(key), sopts))
         except UserError as e:   # a metric that does not apply to these images (MS-SSIM below 161 px): not scored
           if sim.kind not in interface.METRIC_KINDS:
             raise

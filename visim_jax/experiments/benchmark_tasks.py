@@ -32,7 +32,7 @@ from visim_jax.zoo import scoring
 from visim_jax.core.errors import UserError
 from visim_jax.data.preprocess import Preprocess
 
-PROTOCOLS = ('nights', 'bapps_2afc', 'bapps_jnd', 'things', 'tll', 'cosis', 'classes')
+PROTOCOLS = ('nights', 'bapps_2afc', 'bapps_jnd', 'things', 'tll', 'cosis', 'classes', 'kadid')
 
 
 @dataclasses.dataclass
@@ -42,6 +42,7 @@ class Task:
   paths: list[str]
   arrays: list          # what the scores depend on besides the images (judgements, indices): fingerprinted
   score: Callable       # (sim, feats, opts) -> {column: {score, ci_low, ci_high, n}}
+  native: bool = False  # image models read the pairs at their native sizes (feats None; the quality protocol)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +214,7 @@ def protocols(config) -> dict[str, list[Task]]:
   if config.classes_dir:
     from visim_jax.data import classes as classes_lib
     out['classes'] = [classes_task(classes_lib.image_folder(config.classes_dir))]
-  return out
+  return out   # + the quality protocols (experiments/benchmark_quality.py), which benchmark.py adds
 
 
 def protocol_preprocess(task: Task, size: int) -> Preprocess:

@@ -184,7 +184,8 @@ def markdown(board: Board, published: bool = True, note: str = '') -> str:
             'bold: significantly better than every other model of its column. 2AFC: agreement with the human '
             'fraction (LPIPS / DreamSim rule); loglik: mean log-likelihood of the human fractions given the '
             'model\'s distances (Hepburn et al.); JND: average precision; THINGS: odd-one-out accuracy; TLL: aR@k; '
-            'CoSIS: 2AFC accuracy. `degenerate: <reason>`: no score (all distances tied or not finite, or labels '
+            'CoSIS: 2AFC accuracy; quality sets (kadid, tid2013, pipal, live): Spearman / Kendall / Pearson (after the '
+            'five-parameter logistic) correlation of -distance with the opinion scores. `degenerate: <reason>`: no score (all distances tied or not finite, or labels '
             'that give every model the same score); never bold, never ranked.']
   others = [r for r in board.published if r['spec'] not in board.models]
   if others and published:

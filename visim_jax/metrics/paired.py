@@ -7,6 +7,9 @@ judged on those items, not by whether two separate bootstrap intervals overlap.
     {'kind': 'mean', 'values': per-item contributions whose mean is the score[, 'clusters': resampling units]}
     {'kind': '2afc', 'd0', 'd1', 'judge'}    per triplet; contribution = human.twoafc_scores (LPIPS / DreamSim rule)
     {'kind': 'jnd', 'd', 'same'}             per pair; the score (average precision) is not a mean: bootstrap only
+    {'kind': 'corr', 'stat', 'q', 'mos'}     per distorted image (quality protocol, metrics/quality.py): SRCC / PLCC
+                                             (q: the logistic's f(-d)) / KRCC of q against the MOS; not a mean:
+                                             bootstrap only
   paired_bootstrap(stat, a, b, ...)      the difference stat(a) - stat(b) on the SAME resampled items (or clusters),
                                          its percentile interval and a two-sided p-value (2 x the smaller tail of the
                                          resampled differences around 0, at most 1)
@@ -127,6 +130,8 @@ def compare_pair(a: dict, b: dict, test: str = 'bootstrap', n_boot: int = 1000, 
     same = np.asarray(a['same'], np.float32)
     return paired_bootstrap(_jnd_ap, (np.asarray(a['d'], np.float32), same), (np.asarray(b['d'], np.float32), same),
                             n_boot, alpha, seed)
+  if a['kind'] == 'corr':
+    return _compare_corr(a, b, n_boot, alpha, seed)
   va, vb = item_values(a), item_values(b)
   if va is None or vb is None or va.shape != vb.shape:
     return None
@@ -136,6 +141,31 @@ def compare_pair(a: dict, b: dict, test: str = 'bootstrap', n_boot: int = 1000, 
     return sign_test(va, vb)
   return paired_bootstrap(_mean, (va.astype(np.float32),), (vb.astype(np.float32),), n_boot, alpha, seed,
                           clusters=a.get('clusters'))
+
+
+def _compare_corr(a: dict, b: dict, n_boot: int, alpha: float, seed: int) -> dict | None:
+  """The paired bootstrap of a correlation difference (the same resampled images for both metrics)."""
+  from visim_jax.metrics import quality  # pylint: disable=g-import-not-at-top
+  if a.get('stat') != b.get('stat') or not np.array_equal(np.asarray(a['mos']), np.asarray(b['mos'])):
+    return None
+  mos = np.asarray(a['mos'], np.float32)
+  qa, qb = np.asarray(a['q'], np.float32), np.asarray(b['q'], np.float32)
+  if a['stat'] == 'krcc':   # scipy's O(n log n) tau-b per resample (an O(n^2) vmapped one would not fit in memory)
+    rng = np.random.default_rng(seed)
+    diff = quality.krcc(qa, mos) - quality.krcc(qb, mos)
+    boot = []
+    for _ in range(n_boot):
+      i = rng.integers(0, len(mos), len(mos))
+      boot.append(quality.krcc(qa[i], mos[i]) - quality.krcc(qb[i], mos[i]))
+    boot = np.asarray(boot)
+    boot = boot[np.isfinite(boot)]
+    if not boot.size:
+      return {'diff': diff, 'ci_low': float('nan'), 'ci_high': float('nan'), 'p': 1.0}
+    lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
+    p = min(1.0, 2.0 * min(np.mean(boot <= 0), np.mean(boot >= 0)))
+    return {'diff': float(diff), 'ci_low': float(lo), 'ci_high': float(hi), 'p': float(p)}
+  stat = quality.srcc_batched if a['stat'] == 'srcc' else quality.plcc_batched
+  return paired_bootstrap(stat, (qa, mos), (qb, mos), n_boot, alpha, seed)
 
 
 def compare(items: list, scores, test: str = 'bootstrap', n_boot: int = 1000, alpha: float = 0.05,

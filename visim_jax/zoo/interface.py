@@ -18,12 +18,17 @@ import numpy as np
 from visim_jax.core import ops
 from visim_jax.core.errors import UserError
 from visim_jax.data.preprocess import Preprocess
+from visim_jax.models import iqa as _iqa
 
 
 KINDS = ('cosine', 'adapter', 'simnet', 'context', 'lpips', 'triplets', 'tuned')
 # full-reference metrics (models/classical.py, models/dists.py; docs/metrics.md): a bare name is the default variant
 METRIC_KINDS = {'psnr': 'rgb', 'ssim': 'pytorch_msssim', 'ms_ssim': 'pytorch_msssim', 'l1': 'rgb', 'l2': 'rgb',
                 'dists': 'vgg'}
+# the IQA metrics of models/iqa (issue 47): its registry METRICS names them (one line there adds a spec here, a
+# `vj.load` name and a leaderboard model); a bare name is the first variant (piq's choices)
+IQA_KINDS = tuple(_iqa.METRICS)
+METRIC_KINDS.update({k: next(iter(m.variants)) for k, m in _iqa.METRICS.items()})
 KINDS = KINDS + tuple(METRIC_KINDS)
 LPIPS_NETS = ('alex', 'vgg')
 FIELD = 'config.models'

@@ -42,6 +42,9 @@ A spec string names one model (`config.models` is a comma-separated list of them
   dists [:vgg[:tiny]]                             images, as LPIPS; distances 1 - ssim, 1 - ms_ssim, -psnr, l1, l2,
                                                   DISTS. Variants: ssim / ms_ssim presets (pytorch_msssim, piq,
                                                   skimage, lpips_lab), psnr / l1 / l2 colours (rgb, grey, y, lab)
+  fsim | gmsd | ms_gmsd | vif_p | haarpsi | mdsi   the IQA metrics of models/iqa (its METRICS registry: piq's choices
+  | vsi | srsim | dss | iw_ssim [:<variant>]     by default); distance 1 - s, or GMSD / MS-GMSD / MDSI themselves;
+                                                  (reference, candidate) order: the metric gets (candidate, reference)
 
 Reading a spec never decodes an image; a bad spec is one line naming config.models and the entry.
 """
@@ -50,7 +53,7 @@ from __future__ import annotations
 import json
 
 
-from visim_jax.zoo import from_runs, tuned
+from visim_jax.zoo import from_runs, interface, tuned
 from visim_jax.zoo.scoring import ImageTable
 from visim_jax.zoo.interface import (Options, Similarity, backbone_from, backbone_identity, bad, cosine_distance, parse,
                                 pooled_featurizer)
@@ -112,6 +115,16 @@ def _metric(spec, target, option, opts):
   kind = spec.partition(':')[0]
   if option:
     raise bad(spec, f'{kind} takes no @option')
+  if kind in interface.IQA_KINDS:
+    from visim_jax.models import iqa
+    variants = iqa.METRICS[kind].variants
+    if target not in variants:
+      raise bad(spec, f'{kind} variants: {", ".join(f"{kind}:{v}" for v in variants)}')
+    fn = iqa.distance(kind, variants[target])
+    distance = lambda params, u0, u1: fn(u0, u1)   # noqa: E731  (params unused)
+    ident = {'metric': kind, 'options': dataclasses.asdict(variants[target])}
+    return Similarity(spec, kind, distance, None, _images, ident, None, ('images',),
+                      symmetric=kind not in ('vif_p', 'mdsi', 'iw_ssim'))
   if kind == 'dists':
     from visim_jax.models import dists as dists_lib
     if target not in ('vgg', 'vgg:tiny'):

@@ -1,0 +1,102 @@
+"""The ten IQA metrics of visim_jax/models/iqa calibrated against piq 0.8.0 (its metric modules imported without
+piq/__init__.py, which needs torchvision) on the packaged photos and noisy / blurred / JPEG / other-photo copies at
+256 px and at an odd size, float32 and uint8 inputs; the default variant and the named alternatives; the zoo
+specs (distance direction, identical pairs exactly 0, the (reference, candidate) order) and batch invariance."""
+import importlib
+import importlib.util
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from visim_jax.models import classical, iqa
+from test_metrics_classical import nchw, pairs
+
+torch = pytest.importorskip('torch')
+# piq's function per metric and the keyword arguments of each of our variants
+PIQ = {'fsim': ('fsim', 'fsim'), 'gmsd': ('gmsd', 'gmsd'), 'ms_gmsd': ('gmsd', 'multi_scale_gmsd'),
+       'vif_p': ('vif', 'vif_p'), 'haarpsi': ('haarpsi', 'haarpsi'), 'mdsi': ('mdsi', 'mdsi'), 'vsi': ('vsi', 'vsi'),
+       'srsim': ('srsim', 'srsim'), 'dss': ('dss', 'dss'), 'iw_ssim': ('iw_ssim', 'information_weighted_ssim')}
+VARIANT_KWARGS = {('ms_gmsd', 'chromatic'): {'chromatic': True},
+                  ('mdsi', 'mult'): {'combination': 'mult'}, ('srsim', 'chromatic'): {'chromatic': True}}
+ODD = (181, 211)
+ATOL = 3e-5     # float32 rounding: measured <= 1.4e-5 (DSS's DC term on 0..255 DCT coefficients), most <= 5e-7
+
+
+def _piq(name):
+  spec = importlib.util.find_spec('piq')
+  if spec is None:
+    pytest.skip('piq is not installed (pip install --no-deps piq==0.8.0)')
+  saved = sys.modules.get('piq')
+  pkg = types.ModuleType('piq')
+  pkg.__path__ = list(spec.submodule_search_locations)
+  sys.modules['piq'] = pkg
+  try:
+    mod, fn = PIQ[name]
+    return getattr(importlib.import_module(f'piq.{mod}'), fn)
+  finally:
+    if saved is None:
+      sys.modules.pop('piq', None)
+    else:
+      sys.modules['piq'] = saved
+
+
+@pytest.fixture(scope='module')
+def photos():
+  a, b = pairs(256, 256)
+  c, d = pairs(*ODD, seed=1)
+  return {256: (a[[0, 2]], b[[0, 2]]), 'odd': (c[[0, 1, 3]], d[[0, 1, 3]])}   # noise, JPEG / noise, blur, other
+
+
+def _want(name, cand, ref, **kwargs):
+  """piq's score, one pair at a time (piq's SR-SIM normalises saliency over its whole batch)."""
+  fn = _piq(name)
+  return np.concatenate([fn(nchw(cand[i:i + 1]), nchw(ref[i:i + 1]), reduction='none', **kwargs).numpy()
+                         for i in range(len(cand))])
+
+
+CASES = [(n, 256, 'piq') for n in iqa.METRICS] + [(n, 'odd', 'piq') for n in iqa.METRICS] + [
+    (n, 'odd', v) for (n, v) in VARIANT_KWARGS]
+
+
+@pytest.mark.parametrize('name,size,variant', CASES)
+def test_equals_piq(photos, name, size, variant):
+  ref, cand = photos[size]
+  m = iqa.METRICS[name]
+  opts = m.variants[variant]
+  if size == 256:    # float32 [0, 1] inputs
+    got = np.asarray(m.fn(cand.astype(np.float32) / 255.0, ref.astype(np.float32) / 255.0, opts))
+  else:              # uint8 through the range gate
+    got = np.asarray(m.fn(classical.prepare(cand), classical.prepare(ref), opts))
+  want = _want(name, cand, ref, **VARIANT_KWARGS.get((name, variant), {}))
+  np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
+  if variant == 'piq' and size == 'odd':
+    # the zoo's distance: (reference, candidate), smaller = more similar, identical pairs exactly 0
+    d = np.asarray(iqa.distance(name, opts)(ref, cand))    # the same shapes: the compiled metric is reused
+    np.testing.assert_allclose(d, 1.0 - want if m.higher_is_more_similar else want, atol=ATOL, rtol=0)
+    assert np.all(d[:2] < d[2])                            # the distorted copies are nearer than another photo
+    assert np.all(np.asarray(iqa.distance(name, opts)(ref, ref)) == 0.0)
+
+
+def test_zoo_specs_batches_and_errors(photos):
+  """vj.load(name[:variant]) = iqa.distance; a pair scores the same alone and in a batch; bad variants and too-small
+  images are one line."""
+  import visim_jax as vj
+  from visim_jax.core.errors import UserError
+  ref, cand = photos['odd']
+  m = vj.load('gmsd')
+  whole = np.asarray(m.distance(ref, cand))
+  np.testing.assert_allclose([m.distance(ref[i], cand[i]) for i in range(2)], whole[:2], atol=1e-6, rtol=1e-5)
+  np.testing.assert_allclose(vj.load('mdsi:mult').distance(ref[:2], cand[:2]),
+                             iqa.distance('mdsi', iqa.METRICS['mdsi'].variants['mult'])(ref[:2], cand[:2]), atol=1e-6)
+  # gmsd:paper = the authors' std2 (N - 1) on the same map: sqrt(N / (N - 1)) times piq's population std
+  m = iqa.METRICS['gmsd']
+  piq_v = np.asarray(m.fn(cand, ref, m.variants['piq']))
+  n = ((ODD[0] + 1) // 2) * ((ODD[1] + 1) // 2)      # the map after the 2x downsampling
+  np.testing.assert_allclose(np.asarray(m.fn(cand, ref, m.variants['paper'])), piq_v * np.sqrt(n / (n - 1)),
+                             rtol=1e-5)
+  with pytest.raises(UserError, match="fsim variants: fsim:piq, fsim:grey"):
+    vj.load('fsim:paper')
+  with pytest.raises(UserError, match='iw_ssim: images of 64x64 px; iw_ssim needs sides of at least 161 px'):
+    vj.load('iw_ssim').distance(ref[:1, :64, :64], cand[:1, :64, :64])

@@ -1,0 +1,207 @@
+"""Image-quality data sets (mean opinion scores of distorted images against their references), read in their
+published layouts and checked before any image is decoded (issue 47). Each loader returns a `QualitySet`: the
+reference and distorted image paths per row and the opinion score, oriented so that HIGHER = BETTER quality
+(`higher_is_better` records the published direction; a DMOS where higher is worse is negated).
+
+KADID-10k (Lin, Hosu & Saupe 2019; the zip of database.mmsp.uni-konstanz.de unpacks to `kadid10k/`):
+```
+kadid10k/
+  dmos.csv                 header dist_img,ref_img,dmos,var; 10,125 rows (81 references x 25 distortions x 5 levels)
+  images/I01.png           references            images/I<ref>.png
+  images/I01_01_01.png     distorted images      images/I<ref>_<distortion>_<level>.png
+```
+`dmos` is the mean of the crowd's 1..5 ratings of the distorted image against its reference: HIGHER = BETTER
+(KADID-10k paper, Section 3); `var` its variance (read, not used). File names in the CSV are relative to images/.
+A row that is short, has a non-number dmos, or names a file outside the folder is refused naming the line
+(core/readers.py, data/resolve.py); a missing image names the file (judgements.check_files).
+
+TID2013 (Ponomarenko et al. 2015; tid2013.rar of ponomarenko.info unpacks to `tid2013/`):
+```
+tid2013/mos_with_names.txt      "<mos> <name>" per line, 3,000 lines (MOS 0..9, HIGHER = better)
+tid2013/distorted_images/i01_01_1.bmp      i<ref>_<distortion>_<level>.bmp
+tid2013/reference_images/I01.BMP           the reference of i<ref>_* (matched case-insensitively: the archive
+                                           mixes I / i and BMP / bmp)
+```
+PIPAL (Gu et al. 2020; the NTIRE 2021 training set: Train_Ref, Train_Dis, Train_Label):
+```
+pipal/Train_Label/A0001.txt     "<distorted name>,<Elo score>" per line (HIGHER = better)
+pipal/Train_Dis/A0001_00_00.bmp distorted images: <reference>_<type>_<index>.bmp
+pipal/Train_Ref/A0001.bmp       references
+```
+LIVE Release 2 (Sheikh, Sabir & Bovik 2006; databaserelease2.zip of live.ece.utexas.edu):
+```
+databaserelease2/jp2k/img1.bmp ... img227.bmp, jpeg/ (233), wn/ (174), gblur/ (174), fastfading/ (174)
+databaserelease2/refimgs/<name>.bmp         the 29 references
+databaserelease2/refnames_all.mat           refnames_all: the reference name of each of the 982 images, in the order
+                                            jp2k, jpeg, wn, gblur, fastfading, img1, img2, ... within each
+databaserelease2/dmos_realigned.mat         dmos_new, orgs (the realigned DMOS; dmos.mat's dmos, orgs if absent)
+```
+DMOS: HIGHER = WORSE (negated here); rows with orgs = 1 (the references themselves) are left out, as the papers do.
+The .mat files are read by scipy.io.loadmat (MATLAB arrays, no code), a missing variable or a count that does not
+match the image folders is one line naming the file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import numpy as np
+
+from visim_jax.core import readers
+from visim_jax.core.errors import UserError
+from visim_jax.data import resolve
+from visim_jax.data.judgements import check_files
+
+
+@dataclasses.dataclass
+class QualitySet:
+  name: str
+  refs: list[str]            # per row: the reference image
+  dists: list[str]           # per row: the distorted image
+  mos: np.ndarray            # (N,) float64, HIGHER = better quality
+  higher_is_better: bool     # the published score's direction (False: negated into `mos`)
+
+  def __len__(self) -> int:
+    return len(self.dists)
+
+  def paths(self) -> list[str]:
+    return list(dict.fromkeys(self.refs + self.dists))
+
+
+def _number(text: str, where: str, column: str) -> float:
+  try:
+    v = float(text)
+  except ValueError:
+    raise UserError(f'{where}: column {column!r} is not a number ({text!r})') from None
+  if not math.isfinite(v):
+    raise UserError(f'{where}: column {column!r} is not finite ({text!r})')
+  return v
+
+
+def load_kadid(root: str) -> QualitySet:
+  """KADID-10k under `root` (the folder holding dmos.csv and images/)."""
+  csv_path = os.path.join(root, 'dmos.csv')
+  if not os.path.isfile(csv_path):
+    raise UserError(f'{csv_path}: KADID-10k dmos.csv not found (expected kadid10k/dmos.csv and images/)')
+  _, rows = readers.csv_table(csv_path, ('dist_img', 'ref_img', 'dmos', 'var'), 'KADID-10k dmos.csv')
+  images = os.path.join(root, 'images')
+  inside = resolve.Root(images).inside
+  refs, dists, mos = [], [], []
+  for line, row in rows:
+    where = f'{csv_path}:line {line}'
+    dists.append(inside(row['dist_img'].strip(), where, 'dist_img'))
+    refs.append(inside(row['ref_img'].strip(), where, 'ref_img'))
+    mos.append(_number(row['dmos'], where, 'dmos'))
+  if not dists:
+    raise UserError(f'{csv_path}: no rows')
+  check_files(refs + dists, 'KADID-10k image')
+  return QualitySet('kadid10k', refs, dists, np.asarray(mos, np.float64), True)
+
+
+def _refs_by_stem(folder: str, where: str) -> dict[str, str]:
+  if not os.path.isdir(folder):
+    raise UserError(f'{folder}: {where} folder not found')
+  return {os.path.splitext(n)[0].lower(): os.path.join(folder, n) for n in sorted(os.listdir(folder))}
+
+
+def load_tid2013(root: str) -> QualitySet:
+  """TID2013 under `root` (mos_with_names.txt, distorted_images/, reference_images/)."""
+  txt = os.path.join(root, 'mos_with_names.txt')
+  if not os.path.isfile(txt):
+    raise UserError(f'{txt}: TID2013 mos_with_names.txt not found (expected tid2013/mos_with_names.txt, '
+                    'distorted_images/ and reference_images/)')
+  refs_of = _refs_by_stem(os.path.join(root, 'reference_images'), 'TID2013 reference_images')
+  inside = resolve.Root(os.path.join(root, 'distorted_images')).inside
+  refs, dists, mos = [], [], []
+  for line, text in readers.text_lines(txt, 'TID2013 mos_with_names.txt'):
+    if not text.strip():
+      continue
+    where = f'{txt}:line {line}'
+    parts = text.split()
+    if len(parts) != 2:
+      raise UserError(f'{where}: expected "<mos> <image name>", got {text.strip()!r}')
+    mos.append(_number(parts[0], where, 'mos'))
+    dists.append(inside(parts[1], where, 'image name'))
+    stem = parts[1].split('_')[0].lower()
+    if stem not in refs_of:
+      raise UserError(f'{where}: no reference image {stem.upper()}.BMP in {os.path.join(root, "reference_images")}')
+    refs.append(refs_of[stem])
+  if not dists:
+    raise UserError(f'{txt}: no rows')
+  check_files(refs + dists, 'TID2013 image')
+  return QualitySet('tid2013', refs, dists, np.asarray(mos, np.float64), True)
+
+
+def load_pipal(root: str) -> QualitySet:
+  """PIPAL's training set under `root` (Train_Label/*.txt, Train_Dis/, Train_Ref/)."""
+  labels = os.path.join(root, 'Train_Label')
+  if not os.path.isdir(labels):
+    raise UserError(f'{labels}: PIPAL Train_Label folder not found (expected Train_Ref/, Train_Dis/, Train_Label/)')
+  refs_of = _refs_by_stem(os.path.join(root, 'Train_Ref'), 'PIPAL Train_Ref')
+  inside = resolve.Root(os.path.join(root, 'Train_Dis')).inside
+  refs, dists, mos = [], [], []
+  for name in sorted(n for n in os.listdir(labels) if n.endswith('.txt')):
+    path = os.path.join(labels, name)
+    for line, text in readers.text_lines(path, 'PIPAL label file'):
+      if not text.strip():
+        continue
+      where = f'{path}:line {line}'
+      parts = [t.strip() for t in text.split(',')]
+      if len(parts) != 2:
+        raise UserError(f'{where}: expected "<distorted image>,<Elo score>", got {text.strip()!r}')
+      dists.append(inside(parts[0], where, 'image name'))
+      mos.append(_number(parts[1], where, 'score'))
+      stem = parts[0].split('_')[0].lower()
+      if stem not in refs_of:
+        raise UserError(f'{where}: no reference {stem} in {os.path.join(root, "Train_Ref")}')
+      refs.append(refs_of[stem])
+  if not dists:
+    raise UserError(f'{labels}: no label rows')
+  check_files(refs + dists, 'PIPAL image')
+  return QualitySet('pipal', refs, dists, np.asarray(mos, np.float64), True)
+
+
+LIVE_FOLDERS = ('jp2k', 'jpeg', 'wn', 'gblur', 'fastfading')
+
+
+def _mat(path: str, names: tuple[str, ...]) -> list:
+  from scipy import io  # pylint: disable=g-import-not-at-top
+  try:
+    m = io.loadmat(path)
+  except Exception as e:  # pylint: disable=broad-except  (a damaged or non-MATLAB file: one line)
+    raise UserError(f'{path}: not a readable MATLAB file ({type(e).__name__}: {str(e)[:120]})') from None
+  missing = [n for n in names if n not in m]
+  if missing:
+    raise UserError(f'{path}: no variable {missing[0]!r} (expected {", ".join(names)})')
+  return [np.asarray(m[n]).reshape(-1) for n in names]
+
+
+def load_live(root: str) -> QualitySet:
+  """LIVE Release 2 under `root` (the five distortion folders, refimgs/, refnames_all.mat, dmos[_realigned].mat)."""
+  import re  # pylint: disable=g-import-not-at-top
+  dists = []
+  for folder in LIVE_FOLDERS:
+    d = os.path.join(root, folder)
+    if not os.path.isdir(d):
+      raise UserError(f'{d}: LIVE folder not found (expected {", ".join(LIVE_FOLDERS)}, refimgs/ and the .mat files '
+                      'of databaserelease2)')
+    names = [n for n in os.listdir(d) if re.fullmatch(r'img\d+\.bmp', n)]
+    dists += [os.path.join(d, n) for n in sorted(names, key=lambda n: int(n[3:-4]))]
+  realigned = os.path.join(root, 'dmos_realigned.mat')
+  dmos, orgs = (_mat(realigned, ('dmos_new', 'orgs')) if os.path.isfile(realigned)
+                else _mat(os.path.join(root, 'dmos.mat'), ('dmos', 'orgs')))
+  (refnames,) = _mat(os.path.join(root, 'refnames_all.mat'), ('refnames_all',))
+  if not len(dmos) == len(orgs) == len(refnames) == len(dists):
+    raise UserError(f'{root}: {len(dists)} images in the five folders but {len(dmos)} DMOS values, {len(orgs)} orgs '
+                    f'flags and {len(refnames)} reference names (databaserelease2 has 982 of each)')
+  inside = resolve.Root(os.path.join(root, 'refimgs')).inside
+  keep = [i for i in range(len(dists)) if int(orgs[i]) == 0]
+  refs = [inside(str(np.asarray(refnames[i]).reshape(-1)[0]), f'{root}/refnames_all.mat:entry {i + 1}', 'refname')
+          for i in keep]
+  dists = [dists[i] for i in keep]
+  check_files(refs + dists, 'LIVE image')
+  return QualitySet('live', refs, dists, -np.asarray(dmos, np.float64)[keep], False)
+
+
+LOADERS = {'kadid': load_kadid, 'tid2013': load_tid2013, 'pipal': load_pipal, 'live': load_live}
