@@ -286,6 +286,25 @@ def load(spec: str, *, fetch: bool = True, batch_size: int = 32, dtype: str = 'f
   return Model(spec, sim, batch_size, dtype, progress, input_range)
 
 
+def calibrate(model: Model, judgements, **kwargs):
+  """A logistic map from the model's distance to the probability people answer "same" (JND judgements) or prefer
+  one image (2AFC), with a bootstrap interval: visim_jax/zoo/calibrated.py (docs/library.md "Calibrated answers")."""
+  from visim_jax.zoo import calibrated  # pylint: disable=g-import-not-at-top
+  return calibrated.calibrate(model, judgements, **kwargs)
+
+
+def load_calibration(path: str, model: Model | None = None):
+  """A calibration `Calibration.save` wrote, attached to `model` (the spec it was fitted for)."""
+  from visim_jax.zoo import calibrated  # pylint: disable=g-import-not-at-top
+  return calibrated.load_calibration(path, model)
+
+
+def plot_calibration(cal, path: str) -> None:
+  """The reliability plot of a calibration (plots/calibration.py): predicted vs observed per bin, as a PNG."""
+  from visim_jax.plots import calibration as plot_lib  # pylint: disable=g-import-not-at-top
+  plot_lib.reliability(cal.reliability, path, f'{cal.spec} ({cal.kind}; ECE {cal.calibration_error:.3f})')
+
+
 def _library_words(msg: str) -> str:
   """A zoo error in the library's words: `visim_jax.load: <spec>: ...` instead of `config.models: <spec>: ...`."""
   from visim_jax.zoo import interface  # pylint: disable=g-import-not-at-top
