@@ -34,6 +34,12 @@ equals `distance(a, b)`; `apply` returns the rows `distance` compares ((N, D)). 
 (alex) and `apply` returns LPIPS's five normalised maps; `model.distance_map(a, b)` is LPIPS's per-pixel map (the
 reference's `spatial=True`). A concrete float x outside [0, 1] is refused as above; a traced
 x cannot be checked: the rule is [0, 1].
+
+Beyond one number (docs/library.md; zoo/library.py, zoo/spatial.py, models/spatial.py): `distance_map(a, b)` for
+every kind that has a map, `distance(a, b, mask=m)`, `resize='shorter' | 'HxW'` for models that compare same-size
+images, `load(spec, image_size=N)` for ViT towers (position embeddings interpolated), `load(spec,
+input_range='-1,1')` for LPIPS's [-1, 1] convention (`model.input_spec` says what a model reads), and
+`calibrate(model, judgements)` -> probabilities people would give (zoo/calibrated.py).
 """
 from __future__ import annotations
 
