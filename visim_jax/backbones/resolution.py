@@ -90,3 +90,8 @@ def _apply_at(apply_fn, n: int):
     return v
   args = tuple(at(a) for a in apply_fn.args)
   return functools.partial(apply_fn.func, *args, **apply_fn.keywords) if changed else None
+
+
+def is_vit(backbone: Backbone) -> bool:
+  """Whether the tower is backbones/vit.py's network (its Attention honours vit.key_weights: the library's masks)."""
+  return _apply_at(backbone.apply_fn, backbone.preprocess.size) is not None

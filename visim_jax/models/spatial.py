@@ -28,8 +28,8 @@ Masks: a weight per location w in [0, 1] (the boolean mask brought to each grid 
 share of a cell the mask covers). A masked distance replaces every spatial mean of the model by the w-weighted
 mean (pixel metrics, SSIM / MS-SSIM at every scale (a window centre weighted by the share of its window the mask
 covers), LPIPS per layer, DISTS' means, variances and covariances per
-stage, the pooled features of embedding models: patch tokens weighted, leading tokens weight 1); so w = 1 everywhere
-is the unmasked formula. A pooled-only layer (CLS, projection) sees the whole image and cannot be masked.
+stage, the pooled features of embedding models: patch tokens weighted, leading tokens weight 1; in ViT towers the
+attention too: vit.key_weights); so w = 1 everywhere is the unmasked formula.
 """
 from __future__ import annotations
 
@@ -281,7 +281,9 @@ def masked_pool(stages: Mapping[str, jax.Array], layers: Sequence[str], w: jax.A
   out = []
   for layer in layers:
     s = stages[layer].astype(jnp.float32)
-    if s.ndim == 4:
+    if s.ndim == 2:     # a pooled vector (CLS, embedding): masked upstream, by the attention (vit.key_weights)
+      v = s
+    elif s.ndim == 4:
       v = wmean(s, weights_at(w, s.shape[1:3])[..., None], axes=(1, 2))
     else:
       lead, g = token_grid(s)

@@ -48,15 +48,18 @@ def _is_dreamsim(sim) -> bool:
 
 
 def _check_embedding_layers(sim, for_mask: bool) -> None:
+  from visim_jax.backbones import resolution  # pylint: disable=g-import-not-at-top
   from visim_jax.models import spatial  # pylint: disable=g-import-not-at-top
   stages = sim.backbone.stage_shapes()
+  vit = resolution.is_vit(sim.backbone)
   for layer in sim.layers:
     s = stages[layer]
     local = len(s.shape) == 4 or (len(s.shape) == 3 and spatial.token_grid(s) is not None)
-    if for_mask and not local:
+    if for_mask and not local and not vit:
       raise UserError(f'{WHERE}: {sim.spec!r}: a mask needs locations to pool, and layer {layer!r} is pooled from '
-                      'the whole image (a class token, projection or embedding); use a spec whose layers are maps or '
-                      'patch tokens (e.g. cosine:<backbone>@<block>), or model.distance_map')
+                      'the whole image by a network that cannot hide tokens (not a backbones/vit.py tower); use a '
+                      'spec whose layers are maps or patch tokens (e.g. cosine:<backbone>@<block>), or '
+                      'model.distance_map')
     if not for_mask and not local and not spatial.token_source(stages, layer):
       raise UserError(f'{WHERE}: {sim.spec!r}: no distance map: layer {layer!r} is a pooled vector with no map or '
                       'patch tokens before it (a pooled-only head); use model.distance')
@@ -96,11 +99,16 @@ def masked_fn(sim):
   """f(params, x0, x1, w) -> (N,): the model's distance over the w-weighted locations (models/spatial.py)."""
   from visim_jax.models import lpips, spatial  # pylint: disable=g-import-not-at-top
   if sim.backbone is not None:
+    from visim_jax.backbones import resolution, vit  # pylint: disable=g-import-not-at-top
+    import contextlib  # pylint: disable=g-import-not-at-top
     _check_embedding_layers(sim, for_mask=True)
+    hide = resolution.is_vit(sim.backbone)   # ViT towers: masked-out patches hidden from attention too
 
     def emb(params, x0, x1, w):
-      f0 = spatial.masked_pool(_embedding_stages(sim, params, x0), sim.layers, w)
-      f1 = spatial.masked_pool(_embedding_stages(sim, params, x1), sim.layers, w)
+      with vit.key_weights(w) if hide else contextlib.nullcontext():
+        s0, s1 = _embedding_stages(sim, params, x0), _embedding_stages(sim, params, x1)
+      f0 = spatial.masked_pool(s0, sim.layers, w)
+      f1 = spatial.masked_pool(s1, sim.layers, w)
       if sim.transform is not None:
         f0, f1 = sim.transform(f0), sim.transform(f1)
       return sim.distance(params['head'], f0, f1)
