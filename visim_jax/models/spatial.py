@@ -136,6 +136,11 @@ def ssim_masked(x, y, w, opts) -> jax.Array:
 
 def _ms_levels(x, y, opts):
   a, b, rng = _colours(x, y, opts.colour)
+  if min(a.shape[1:3]) < classical.ms_ssim_min_size(opts):
+    from visim_jax.core.errors import UserError  # pylint: disable=g-import-not-at-top
+    raise UserError(f'ms_ssim: images of {a.shape[1]}x{a.shape[2]} px; MS-SSIM with {len(opts.weights)} scales and a '
+                    f'{opts.size} px window needs sides of at least {classical.ms_ssim_min_size(opts)} px '
+                    "(resize='HxW' enlarges them)")
   levels = []
   for j in range(len(opts.weights)):
     if j:
