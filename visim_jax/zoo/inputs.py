@@ -70,10 +70,15 @@ def _load_items(items, pre) -> np.ndarray:
                    for it in items])
 
 
+def arrays_of(images, what: str) -> list[np.ndarray]:
+  """Each image as an (H, W, 3) array at its own size: uint8 (paths, PIL, uint8 arrays) or float [0, 1] arrays."""
+  items, _ = _as_items(images, what)
+  return [it if isinstance(it, np.ndarray) and it.shape[-1] == 3 else np.asarray(_to_pil(it)) for it in items]
+
+
 def _lpips_batch(images, what: str) -> np.ndarray:
   """LPIPS's input: the images at their own size, uint8 (paths, PIL, uint8 arrays) or float [0, 1] arrays."""
-  items, _ = _as_items(images, what)
-  arrays = [it if isinstance(it, np.ndarray) and it.shape[-1] == 3 else np.asarray(_to_pil(it)) for it in items]
+  arrays = arrays_of(images, what)
   shapes = {a.shape for a in arrays}
   if len(shapes) > 1:
     raise UserError(f'{WHERE}: {what}: images of different sizes {sorted(shapes)[:3]}: LPIPS batches same-size '

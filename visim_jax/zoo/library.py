@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from visim_jax.zoo.inputs import WHERE, _as_items, _is_path, _to_pil
+from visim_jax.zoo.inputs import WHERE, _as_items, _is_path, _to_pil, arrays_of
 from visim_jax.core.errors import UserError
 
 
@@ -77,8 +77,8 @@ def pair_inputs(model, img0, img1, resize):
     x0, x1 = model.preprocess(img0), model.preprocess(img1)
     plan = 'none'
   else:
-    a0 = [np.asarray(a) for a in _arrays(model._input_range(img0), 'img0')]  # pylint: disable=protected-access
-    a1 = [np.asarray(a) for a in _arrays(model._input_range(img1), 'img1')]  # pylint: disable=protected-access
+    a0 = [np.asarray(a) for a in arrays_of(model._input_range(img0), 'img0')]  # pylint: disable=protected-access
+    a1 = [np.asarray(a) for a in arrays_of(model._input_range(img1), 'img1')]  # pylint: disable=protected-access
     if len(a0) != len(a1):
       raise UserError(f'{WHERE}: img0 has {len(a0)} images, img1 {len(a1)}: give pairs')
     if plan != 'none':
@@ -94,11 +94,6 @@ def pair_inputs(model, img0, img1, resize):
   if len(x0) != len(x1):
     raise UserError(f'{WHERE}: img0 has {len(x0)} images, img1 {len(x1)}: give pairs')
   return x0, x1, plan
-
-
-def _arrays(images, what):
-  items, _ = _as_items(images, what)
-  return [it if isinstance(it, np.ndarray) and it.shape[-1] == 3 else np.asarray(_to_pil(it)) for it in items]
 
 
 def _stack_unit(arrays, what) -> np.ndarray:
