@@ -8,7 +8,7 @@ experiments/ (config -> typed options -> wiring) <- the faces: api.py (`load`), 
 See README "Layout".
 """
 
-__all__ = ['load', 'Model', 'jit']
+__all__ = ['load', 'Model', 'jit', 'calibrate', 'load_calibration', 'plot_calibration']
 
 
 def __getattr__(name):

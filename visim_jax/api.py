@@ -34,6 +34,12 @@ equals `distance(a, b)`; `apply` returns the rows `distance` compares ((N, D)). 
 (alex) and `apply` returns LPIPS's five normalised maps; `model.distance_map(a, b)` is LPIPS's per-pixel map (the
 reference's `spatial=True`). A concrete float x outside [0, 1] is refused as above; a traced
 x cannot be checked: the rule is [0, 1].
+
+Beyond one number (docs/library.md; zoo/library.py, zoo/spatial.py, models/spatial.py): `distance_map(a, b)` for
+every kind that has a map, `distance(a, b, mask=m)`, `resize='shorter' | 'HxW'` for models that compare same-size
+images, `load(spec, image_size=N)` for ViT towers (position embeddings interpolated), `load(spec,
+input_range='-1,1')` for LPIPS's [-1, 1] convention (`model.input_spec` says what a model reads), and
+`calibrate(model, judgements)` -> probabilities people would give (zoo/calibrated.py).
 """
 from __future__ import annotations
 
@@ -44,6 +50,8 @@ from typing import Any
 import numpy as np
 
 from visim_jax.core.errors import UserError
+# how the library reads images (zoo/inputs.py); maps, masks, resize=, image_size=, input_range= are zoo/library.py's
+from visim_jax.zoo.inputs import _as_items, _load_items, _lpips_batch  # pylint: disable=protected-access
 
 WHERE = 'visim_jax.load'
 SHORT = {'dreamsim': 'cosine:dreamsim_ensemble', 'lpips': 'lpips:alex', 'lpips_alex': 'lpips:alex',
@@ -86,6 +94,7 @@ class Model:
   batch_size: int = 32
   dtype: str = 'float32'
   progress: bool = False
+  input_range: str = '0,1'
 
   @property
   def kind(self) -> str:
@@ -121,18 +130,25 @@ class Model:
                       'network): use model.distance(img0, img1)')
     from visim_jax.backbones import features  # pylint: disable=g-import-not-at-top
     sim = self.similarity
-    items, _ = _as_items(images, 'images')
+    items, _ = _as_items(self._input_range(images), 'images')
     feats = features.extract(sim.backbone, items, sim.layers, batch_size=self.batch_size, dtype=self.dtype,
                              progress=self.progress, desc='embed', loader=_load_items)
     return feats if sim.transform is None else np.asarray(sim.transform(feats))
 
-  def distance(self, img0, img1):
+  def distance(self, img0, img1, *, mask=None, resize: str = 'none'):
     """Distances between img0[i] and img1[i] (smaller = more similar): (N,) float32, or a float when both are
-    single images. SimNet is not symmetric: img0 is the reference."""
+    single images. SimNet is not symmetric: img0 is the reference. mask: (H, W) or (N, H, W) boolean at img0's
+    size, the distance over the locations it marks (docs/library.md "Masks"). resize: models that compare
+    same-size images ('none': refuse different sizes; 'shorter'; 'HxW'; docs/library.md "Any resolution")."""
     from visim_jax.zoo import scoring  # pylint: disable=g-import-not-at-top
+    if self.input_range != '0,1':   # converted once here, then read as [0, 1]
+      return self._plain().distance(self._input_range(img0), self._input_range(img1), mask=mask, resize=resize)
     sim = self.similarity
     _, single0 = _as_items(img0, 'img0')
     _, single1 = _as_items(img1, 'img1')
+    if mask is not None or resize != 'none':
+      from visim_jax.zoo import library as api_spatial  # pylint: disable=g-import-not-at-top
+      return api_spatial.masked_distance(self, img0, img1, mask, resize, single0 and single1)
     if self.is_embedding:
       f0, f1 = self.embed(img0), self.embed(img1)
       if len(f0) != len(f1):
@@ -140,12 +156,12 @@ class Model:
       d = np.asarray(scoring._jitted(sim.distance)(sim.params, f0, f1))  # pylint: disable=protected-access
     else:
       from visim_jax.models import lpips  # pylint: disable=g-import-not-at-top
-      x0, x1 = _lpips_batch(img0, 'img0'), _lpips_batch(img1, 'img1')
+      x0, x1 = _lpips_batch(self._input_range(img0), 'img0'), _lpips_batch(self._input_range(img1), 'img1')
       if len(x0) != len(x1):
         raise UserError(f'{WHERE}: img0 has {len(x0)} images, img1 {len(x1)}: give pairs')
       if x0.shape != x1.shape:
-        raise UserError(f'{WHERE}: img0 {x0.shape} and img1 {x1.shape} differ: LPIPS compares same-size images '
-                        '(resize them first)')
+        raise UserError(f'{WHERE}: img0 {x0.shape} and img1 {x1.shape} differ: {self.kind} compares same-size images '
+                        "(pass resize='shorter' or resize='HxW', or resize them first)")
       fn = ((lambda a, b: lpips.lpips_distance(sim.params, a, b)) if self.kind == 'lpips' else  # metrics (docs/metrics.md)
             (lambda a, b: scoring._jitted(sim.distance)(sim.params, a, b)))  # pylint: disable=protected-access
       d = np.concatenate([np.asarray(fn(x0[s:s + self.batch_size], x1[s:s + self.batch_size]))
@@ -157,6 +173,7 @@ class Model:
     models decode, resize and crop to `image_size` exactly as the command line does (data/images.py), LPIPS takes
     the images at their own size. So `apply_distance(params, preprocess(a), preprocess(b))` equals `distance(a, b)`
     (to float32 rounding) and `apply(params, preprocess(x))` equals `embed(x)`."""
+    images = self._input_range(images)
     if self.is_embedding:
       items, _ = _as_items(images, 'images')
       if not items:
@@ -168,26 +185,47 @@ class Model:
     x = np.asarray(x)
     return x.astype(np.float32) / np.float32(255.0) if x.dtype == np.uint8 else x.astype(np.float32)
 
-  def distance_map(self, img0, img1):
-    """LPIPS's per-pixel distance (the reference's `spatial=True`: each layer's weighted squared difference
-    upsampled bilinearly to the image size, summed over layers): (N, H, W) float32, or (H, W) for two single
-    images. Its mean over pixels is close to, not equal to, `distance`. LPIPS models only."""
-    if self.is_embedding:
-      raise UserError(f'{WHERE}: {self.spec!r}: distance_map is LPIPS\'s spatial map; an embedding model has one '
-                      'vector per image (use model.distance)')
-    from visim_jax.models import lpips  # pylint: disable=g-import-not-at-top
+  def distance_map(self, img0, img1, *, resize: str = 'none'):
+    """Where the images differ: (N, H, W) float32, or (H, W) for two single images; larger = more different. Every
+    kind has its own map (docs/library.md "Maps"; visim_jax/models/spatial.py): LPIPS's per-pixel map (the
+    reference's `spatial=True`), 1 - the SSIM map, per-pixel L1 / L2 / squared error, DISTS per location, and for
+    embedding models the model's distance between per-location features at the network's input size
+    (`model.image_size`: the map is on `model.preprocess(img)`). A model with no map says so in one line."""
+    from visim_jax.zoo import library as api_spatial  # pylint: disable=g-import-not-at-top
+    from visim_jax.zoo import spatial as zoo_spatial  # pylint: disable=g-import-not-at-top
+    if self.input_range != '0,1':
+      return self._plain().distance_map(self._input_range(img0), self._input_range(img1), resize=resize)
+    fn = zoo_spatial.map_fn(self.similarity)
     _, single0 = _as_items(img0, 'img0')
     _, single1 = _as_items(img1, 'img1')
-    x0, x1 = self.preprocess(img0), self.preprocess(img1)
-    if x0.shape != x1.shape:
-      raise UserError(f'{WHERE}: img0 {x0.shape} and img1 {x1.shape} differ: LPIPS compares same-size images '
-                      '(resize them first)')
-    params = self.similarity.params.params
+    x0, x1, _ = api_spatial.pair_inputs(self, img0, img1, resize)
+    jf = api_spatial.cached_jit(self.similarity, 'map', fn)
+    params = self.params
     size = tuple(x0.shape[1:3])
-    m = np.concatenate([np.asarray(lpips.distance_map(params, lpips.embed(params, x0[s:s + self.batch_size]),
-                                                      lpips.embed(params, x1[s:s + self.batch_size]), size))
+    m = np.concatenate([np.asarray(jf(params, x0[s:s + self.batch_size], x1[s:s + self.batch_size]))
                         for s in range(0, len(x0), self.batch_size)]) if len(x0) else np.zeros((0,) + size, np.float32)
+    same = np.all(x0 == x1, axis=(1, 2, 3)) if len(x0) else np.zeros(0, bool)
+    m = np.where(same[:, None, None], np.float32(0), m)   # identical images: exactly 0, as the zoo's distances
     return m[0] if single0 and single1 else m
+
+  @property
+  def input_spec(self) -> str:
+    """What `distance`, `embed`, `distance_map` and `apply` read, in one line (docs/library.md "Input ranges")."""
+    rng = ('float in [-1, 1] (LPIPS\'s convention, input_range=\'-1,1\'), uint8 0..255' if self.input_range == '-1,1'
+           else 'float in [0, 1] or uint8 0..255')
+    size = (f'resized and cropped to {self.image_size}x{self.image_size} as the command line does'
+            if self.is_embedding else 'at their own size, both of a pair the same (resize= to change that)')
+    return f'{self.spec}: RGB NHWC images, {rng}; {size}'
+
+  def _plain(self) -> 'Model':
+    return dataclasses.replace(self, input_range='0,1')
+
+  def _input_range(self, images):
+    """input_range='-1,1': float arrays in [-1, 1] -> [0, 1] ((x + 1) / 2), checked; anything else as it is."""
+    if self.input_range != '-1,1':
+      return images
+    from visim_jax.zoo import library as api_spatial  # pylint: disable=g-import-not-at-top
+    return api_spatial.from_minus_one(images)
 
   # ------------------------------------------------------------------------------------- functional API
 
@@ -219,87 +257,16 @@ class Model:
     return self.similarity.distance(params['head'], self.apply(params, x0), self.apply(params, x1))
 
 
-# ------------------------------------------------------------------------------------------------ images
-
-def _is_path(x) -> bool:
-  return isinstance(x, (str, os.PathLike))
-
-
-def _check_array(a: np.ndarray, what: str) -> np.ndarray:
-  if a.dtype == np.uint8:
-    return a
-  if not np.issubdtype(a.dtype, np.floating):
-    raise UserError(f'{WHERE}: {what} must be uint8 (0..255) or float in [0, 1], got {a.dtype}')
-  from visim_jax.models import lpips  # pylint: disable=g-import-not-at-top
-  lpips.as_unit_range(a[..., :3].reshape((-1,) + a.shape[-3:-1] + (3,)), what, WHERE)
-  return a
-
-
-def _as_items(images, what: str) -> tuple[list, bool]:
-  """A flat list of single images (paths, PIL images or (H, W, 3) arrays) and whether `images` was one image."""
-  from PIL import Image  # pylint: disable=g-import-not-at-top
-  if _is_path(images) or isinstance(images, Image.Image):
-    return [images], True
-  if isinstance(images, np.ndarray) or hasattr(images, '__array__') and not isinstance(images, (list, tuple)):
-    a = np.asarray(images)
-    if a.ndim in (3, 4) and a.shape[-1] in (3, 4) and 0 in a.shape[-3:-1]:
-      raise UserError(f'{WHERE}: {what}: an image of {a.shape[-3]} x {a.shape[-2]} pixels (shape {a.shape}); give '
-                      'images with pixels')
-    if a.ndim == 3 and a.shape[-1] in (3, 4):
-      return [_check_array(a, what)], True
-    if a.ndim == 4 and a.shape[-1] in (3, 4):
-      a = _check_array(a, what)
-      return list(a), False
-    raise UserError(f'{WHERE}: {what}: expected (H, W, 3) or (N, H, W, 3) images, got shape {a.shape}'
-                    + (' (NCHW? transpose to NHWC)' if a.ndim == 4 and a.shape[1] == 3 else ''))
-  if isinstance(images, (list, tuple)):
-    out = []
-    for i, im in enumerate(images):
-      items, single = _as_items(im, f'{what}[{i}]')
-      if not single:
-        raise UserError(f'{WHERE}: {what}[{i}]: a list holds single images (paths, PIL images, (H, W, 3) arrays)')
-      out += items
-    return out, False
-  raise UserError(f'{WHERE}: {what}: expected a path, a PIL image, an array or a list of them, got '
-                  f'{type(images).__name__}')
-
-
-def _to_pil(item):
-  from visim_jax.data import images as images_lib  # pylint: disable=g-import-not-at-top
-  if _is_path(item):
-    return images_lib.open_rgb(item)
-  if isinstance(item, np.ndarray):
-    return images_lib.from_array(item)
-  return images_lib.to_rgb(item)
-
-
-def _load_items(items, pre) -> np.ndarray:
-  """features.extract's loader: the command line's decode + resize (images.load_batch) for any image item."""
-  from visim_jax.data import images as images_lib  # pylint: disable=g-import-not-at-top
-  return np.stack([images_lib.resize(_to_pil(it), pre) if not _is_path(it) else images_lib.load_image(it, pre)
-                   for it in items])
-
-
-def _lpips_batch(images, what: str) -> np.ndarray:
-  """LPIPS's input: the images at their own size, uint8 (paths, PIL, uint8 arrays) or float [0, 1] arrays."""
-  items, _ = _as_items(images, what)
-  arrays = [it if isinstance(it, np.ndarray) and it.shape[-1] == 3 else np.asarray(_to_pil(it)) for it in items]
-  shapes = {a.shape for a in arrays}
-  if len(shapes) > 1:
-    raise UserError(f'{WHERE}: {what}: images of different sizes {sorted(shapes)[:3]}: LPIPS batches same-size '
-                    'images (resize them first)')
-  if not arrays:
-    return np.zeros((0, 64, 64, 3), np.uint8)
-  return np.stack(arrays) if len({a.dtype for a in arrays}) == 1 else np.stack(
-      [a.astype(np.float32) / 255.0 if a.dtype == np.uint8 else a for a in arrays])
-
-
 # -------------------------------------------------------------------------------------------------- load
 
 def load(spec: str, *, fetch: bool = True, batch_size: int = 32, dtype: str = 'float32',
-         progress: bool = False) -> Model:
+         progress: bool = False, image_size: int | None = None, input_range: str = '0,1') -> Model:
   """The model SPEC names (module docstring), its weights fetched and converted once when missing (fetch=False:
-  never download; the error names the command)."""
+  never download; the error names the command). image_size: a ViT tower at another input size, its position
+  embeddings interpolated (backbones/resolution.py; default: the paper's, e.g. 224). input_range: '0,1' (float
+  arrays in [0, 1], the default) or '-1,1' (LPIPS's convention: float arrays in [-1, 1])."""
+  if input_range not in ('0,1', '-1,1'):
+    raise UserError(f"{WHERE}: input_range={input_range!r}; '0,1' (the default) or '-1,1' (LPIPS's convention)")
   from visim_jax.zoo import interface, similarity  # pylint: disable=g-import-not-at-top
   try:
     spec = resolve_spec(spec)
@@ -323,7 +290,30 @@ def load(spec: str, *, fetch: bool = True, batch_size: int = 32, dtype: str = 'f
                                                     progress=progress))
   except UserError as e:   # the zoo speaks of config.models (the command line); here the argument is the spec
     raise UserError(_library_words(str(e))) from None
-  return Model(spec, sim, batch_size, dtype, progress)
+  if image_size is not None:
+    from visim_jax.zoo import library as api_spatial  # pylint: disable=g-import-not-at-top
+    sim = api_spatial.at_image_size(spec, sim, image_size, interface.Options(
+        cache_dir=None, batch_size=batch_size, dtype=dtype, progress=progress))
+  return Model(spec, sim, batch_size, dtype, progress, input_range)
+
+
+def calibrate(model: Model, judgements, **kwargs):
+  """A logistic map from the model's distance to the probability people answer "same" (JND judgements) or prefer
+  one image (2AFC), with a bootstrap interval: visim_jax/zoo/calibrated.py (docs/library.md "Calibrated answers")."""
+  from visim_jax.zoo import calibrated  # pylint: disable=g-import-not-at-top
+  return calibrated.calibrate(model, judgements, **kwargs)
+
+
+def load_calibration(path: str, model: Model | None = None):
+  """A calibration `Calibration.save` wrote, attached to `model` (the spec it was fitted for)."""
+  from visim_jax.zoo import calibrated  # pylint: disable=g-import-not-at-top
+  return calibrated.load_calibration(path, model)
+
+
+def plot_calibration(cal, path: str) -> None:
+  """The reliability plot of a calibration (plots/calibration.py): predicted vs observed per bin, as a PNG."""
+  from visim_jax.plots import calibration as plot_lib  # pylint: disable=g-import-not-at-top
+  plot_lib.reliability(cal.reliability, path, f'{cal.spec} ({cal.kind}; ECE {cal.calibration_error:.3f})')
 
 
 def _library_words(msg: str) -> str:

@@ -36,8 +36,11 @@ Weights: a safetensors file of the PyTorch state dict in timm / DINO names (`cls
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
+import math
 import re
 from typing import Sequence
 
@@ -111,6 +114,32 @@ def quick_gelu(x):
   return x * jax.nn.sigmoid(1.702 * x)
 
 
+# The library's masks (zoo/spatial.py): inside `key_weights(w)` every Attention below (traced there) multiplies each
+# patch key's attention by its share of the mask w ((N, H, W) in [0, 1], brought to the patch grid; leading CLS /
+# register keys weight 1): a log-weight added to the logits, so w = 1 everywhere is the plain network.
+_KEY_WEIGHTS = contextvars.ContextVar('visim_jax_vit_key_weights', default=None)
+
+
+@contextlib.contextmanager
+def key_weights(w):
+  token = _KEY_WEIGHTS.set(w)
+  try:
+    yield
+  finally:
+    _KEY_WEIGHTS.reset(token)
+
+
+def _key_bias(w, t: int):
+  """(N, t) log-weights of the keys: leading tokens 0, the g x g patch grid log(share of the mask), -1e9 if none."""
+  g = math.isqrt(t)
+  lead = t - g * g
+  if tuple(w.shape[1:3]) != (g, g):
+    w = jnp.clip(jax.image.resize(w, w.shape[:1] + (g, g), 'linear', antialias=True), 0.0, 1.0)
+  w = w.reshape(w.shape[0], g * g).astype(jnp.float32)
+  patch = jnp.where(w > 0, jnp.log(jnp.maximum(w, 1e-30)), -1e9)
+  return jnp.concatenate([jnp.zeros((w.shape[0], lead), jnp.float32), patch], axis=1)
+
+
 class Attention(nn.Module):
   heads: int
   dtype: jnp.dtype = jnp.float32
@@ -122,6 +151,9 @@ class Attention(nn.Module):
     qkv = nn.Dense(3 * c, dtype=self.dtype, name='qkv')(x).reshape(n, t, 3, self.heads, hd)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     logits = jnp.einsum('nqhd,nkhd->nhqk', q * (hd ** -0.5), k).astype(jnp.float32)
+    w = _KEY_WEIGHTS.get()
+    if w is not None:
+      logits = logits + _key_bias(w, t)[:, None, None, :]
     attn = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
     out = jnp.einsum('nhqk,nkhd->nqhd', attn, v).reshape(n, t, c)
     return nn.Dense(c, dtype=self.dtype, name='proj')(out)

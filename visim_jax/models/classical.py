@@ -193,6 +193,14 @@ def _filter(maps: jax.Array, w: np.ndarray) -> jax.Array:
 
 def _ssim_cs(a: jax.Array, b: jax.Array, rng: float, opts: SSIMOptions) -> tuple[jax.Array, jax.Array]:
   """Per-channel means (N, C) of the SSIM map and of the contrast-structure map cs."""
+  ssim_map, cs_map = ssim_cs_maps(a, b, rng, opts)
+  per = lambda t: t.mean(axis=(-2, -1))
+  return per(ssim_map), per(cs_map)
+
+
+def ssim_cs_maps(a: jax.Array, b: jax.Array, rng: float, opts: SSIMOptions) -> tuple[jax.Array, jax.Array]:
+  """The SSIM map and the contrast-structure map cs, (N, C, H - size + 1, W - size + 1) each: one value per 'valid'
+  window centre and channel (models/spatial.py's maps and masks; `_ssim_cs` takes their means)."""
   n, h, w, c = a.shape
   if min(h, w) < opts.size:
     raise UserError(f'ssim: images of {h}x{w} px are smaller than the {opts.size}x{opts.size} window')
@@ -207,7 +215,7 @@ def _ssim_cs(a: jax.Array, b: jax.Array, rng: float, opts: SSIMOptions) -> tuple
   c1, c2 = (opts.k1 * rng) ** 2, (opts.k2 * rng) ** 2
   cs_map = (2.0 * cov_ab + c2) / (var_a + var_b + c2)
   ssim_map = (2.0 * mu_a * mu_b + c1) / (mu_a * mu_a + mu_b * mu_b + c1) * cs_map
-  per = lambda t: t.mean(axis=(-2, -1)).reshape(n, c)
+  per = lambda t: t.reshape((n, c) + t.shape[-2:])
   return per(ssim_map), per(cs_map)
 
 
