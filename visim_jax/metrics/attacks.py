@@ -105,18 +105,18 @@ def _loss(logits, y, kind: str):
   return jax.nn.logsumexp(logits) - logits[y]
 
 
-def _start(x, key, opts: AttackOptions):
+def _start(x, key, opts: AttackOptions, eps):
   if not opts.random_start:
     return x
   if opts.norm == 'linf':
-    t = jax.random.uniform(key, x.shape, x.dtype, -1.0, 1.0) * opts.eps
+    t = jax.random.uniform(key, x.shape, x.dtype, -1.0, 1.0) * eps
   else:
     t = jax.random.normal(key, x.shape, x.dtype)
-    t = t / (jnp.sqrt(jnp.sum(t * t)) + 1e-12) * opts.eps
+    t = t / (jnp.sqrt(jnp.sum(t * t)) + 1e-12) * eps
   return jnp.clip(x + t, 0.0, 1.0)
 
 
-def _one(distance_fn: Callable, opts: AttackOptions, params, x, a, b, y, key):
+def _one(distance_fn: Callable, opts: AttackOptions, params, x, a, b, y, key, eps):
   """One item's attack (vmapped over the batch): (x_adv, success)."""
   def value(z):
     d = distance_fn(params, jnp.stack([z, z]), jnp.stack([a, b]))
@@ -124,8 +124,8 @@ def _one(distance_fn: Callable, opts: AttackOptions, params, x, a, b, y, key):
     return _loss(logits, y, opts.loss), logits
 
   grad_fn = jax.value_and_grad(value, has_aux=True)
-  eps, n = opts.eps, opts.steps
-  x0 = _start(x, key, opts)
+  n = opts.steps
+  x0 = _start(x, key, opts, eps)
   (loss0, logits0), g0 = grad_fn(x0)
   correct0 = jnp.argmax(logits0) == y
   if opts.method == 'pgd':
@@ -178,19 +178,21 @@ def _one(distance_fn: Callable, opts: AttackOptions, params, x, a, b, y, key):
 
 
 def make(distance_fn: Callable, opts: AttackOptions) -> Callable:
-  """A jitted (params, ref, img0, img1, target, key) -> (x_adv (N, H, W, 3), success (N,) bool); ref, img0, img1
-  float NHWC in [0, 1], target (N,) in {0, 1} (or the human fraction for img1: > 0.5 is img1)."""
+  """A jitted (params, ref, img0, img1, target, key[, eps]) -> (x_adv (N, H, W, 3), success (N,) bool); ref, img0,
+  img1 float NHWC in [0, 1], target (N,) in {0, 1} (or the human fraction for img1: > 0.5 is img1); eps (a traced
+  scalar: one program for every budget of a norm) defaults to opts.eps, as the step size (0: 2 eps / 2.5 eps / n)."""
   opts.check()
-  one = lambda params, x, a, b, y, key: _one(distance_fn, opts, params, x, a, b, y, key)
-  batched = jax.vmap(one, in_axes=(None, 0, 0, 0, 0, 0))
+  one = lambda params, x, a, b, y, key, eps: _one(distance_fn, opts, params, x, a, b, y, key, eps)
+  batched = jax.vmap(one, in_axes=(None, 0, 0, 0, 0, 0, None))
 
-  def run(params, ref, img0, img1, target, key):
+  def run(params, ref, img0, img1, target, key, eps=None):
+    eps = jnp.asarray(opts.eps if eps is None else eps, jnp.float32)
     ref, img0, img1 = (jnp.asarray(v, jnp.float32) for v in (ref, img0, img1))
     y = (jnp.asarray(target, jnp.float32) > 0.5).astype(jnp.int32)
     x_adv, success = None, None
     for r in range(opts.restarts):
       keys = jax.random.split(jax.random.fold_in(key, r), ref.shape[0])
-      xr, sr = batched(params, ref, img0, img1, y, keys)
+      xr, sr = batched(params, ref, img0, img1, y, keys, eps)
       if x_adv is None:
         x_adv, success = xr, sr
       else:   # the authors' restarts: replace where the new run flipped the decision
@@ -212,7 +214,7 @@ def parse_budgets(text: str, where: str = 'config.attacks') -> list[tuple[str, f
     num, _, den = value.partition('/')
     try:
       eps = float(num) / (float(den) if den else 1.0)
-    except ValueError:
+    except (ValueError, ZeroDivisionError):
       eps = float('nan')
     if not sep or norm not in NORMS or not np.isfinite(eps) or eps <= 0 or (norm == 'linf' and eps > 1):
       raise UserError(f"{where}: {item!r}; expected <norm>:<eps> with norm linf or l2 and eps > 0 on [0, 1] "
