@@ -28,7 +28,8 @@ def test_every_image_within_its_budget_and_unit_range(method):
   n, params = 6, jnp.asarray(rng.uniform(0.5, 2.0, (8, 8, 3)), jnp.float32)
   for norm, budgets in (('linf', (4 / 255, 0.5)), ('l2', (0.3, 20.0))):
     fn = attacks.make(toy_distance, attacks.AttackOptions(norm, budgets[0], steps=7, method=method,
-                                                          restarts=2 if method == 'pgd' else 1))
+                                                          restarts=2 if method == 'pgd' else 1,
+                                                          keep='max_loss' if norm == 'l2' else 'flipped'))
     for trial, eps in enumerate(budgets):
       ref = rng.uniform(0, 1, (n, 8, 8, 3)).astype(np.float32)
       ref[:, :2] = rng.integers(0, 2, (n, 2, 8, 3))           # saturated pixels: the clip must hold them in [0, 1]

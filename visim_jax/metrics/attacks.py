@@ -16,7 +16,8 @@ at the human label y (their default `--loss ce`; 'margin' is their binary margin
 Both start from a random point of the budget (authors' `--use_rs`: uniform in the Linf box, on the L2 sphere),
 clipped to [0, 1]; each step is projected onto the budget and [0, 1] (L2: rescaled to norm <= eps, then clipped,
 which only shortens it). The returned image is the authors' `x_best_adv`: the last iterate where the decision was
-wrong, else the start; `success` says where the decision flipped (a tie d0 == d1 counts as answering img0, as
+wrong, else the start (keep='max_loss': the iterate of the highest loss, the example adversarial training wants);
+`success` says where the decision flipped (a tie d0 == d1 counts as answering img0, as
 torch's max). Restarts keep the first run's images and replace those a later run flips. Everything runs every
 step (no early stop: the authors stop a batch when all its items flipped; a flipped item stays flipped).
 
@@ -38,6 +39,7 @@ from visim_jax.core.errors import UserError
 NORMS = ('linf', 'l2')
 METHODS = ('apgd', 'pgd')
 LOSSES = ('ce', 'margin')
+KEEPS = ('flipped', 'max_loss')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +52,15 @@ class AttackOptions:
   restarts: int = 1
   random_start: bool = True     # authors' --use_rs
   step_size: float = 0.0        # 0: apgd 2 eps (alpha = 2), pgd 2.5 eps / steps
+  keep: str = 'flipped'         # 'flipped' (authors' x_best_adv) | 'max_loss' (the highest-loss iterate: training)
 
   def check(self, where: str = 'attack') -> 'AttackOptions':
     if self.norm not in NORMS:
       raise UserError(f"{where}: norm={self.norm!r}; one of {', '.join(NORMS)}")
     if self.method not in METHODS:
       raise UserError(f"{where}: method={self.method!r}; one of {', '.join(METHODS)}")
+    if self.keep not in KEEPS:
+      raise UserError(f"{where}: keep={self.keep!r}; one of {', '.join(KEEPS)}")
     if self.loss not in LOSSES:
       raise UserError(f"{where}: loss={self.loss!r}; one of {', '.join(LOSSES)}")
     if not np.isfinite(self.eps) or not 0 < self.eps <= (1.0 if self.norm == 'linf' else 1e4):
@@ -132,14 +137,16 @@ def _one(distance_fn: Callable, opts: AttackOptions, params, x, a, b, y, key, ep
     step = opts.step_size or 2.5 * eps / n
 
     def body(_, s):
-      z, g, acc, best_adv = s
+      z, g, acc, best_adv, x_best, loss_best = s
       z = project(z + step * direction(g, opts.norm), x, opts.norm, eps)
-      (_, logits), g = grad_fn(z)
+      (loss, logits), g = grad_fn(z)
       wrong = jnp.argmax(logits) != y
-      return z, g, acc & ~wrong, jnp.where(wrong, z, best_adv)
+      better = loss > loss_best
+      return (z, g, acc & ~wrong, jnp.where(wrong, z, best_adv), jnp.where(better, z, x_best),
+              jnp.where(better, loss, loss_best))
 
-    _, _, acc, best_adv = jax.lax.fori_loop(0, n, body, (x0, g0, correct0, x0))
-    return best_adv, ~acc
+    _, _, acc, best_adv, x_best, _ = jax.lax.fori_loop(0, n, body, (x0, g0, correct0, x0, x0, loss0))
+    return (best_adv if opts.keep == 'flipped' else x_best), ~acc
 
   check_np, k_np = apgd_schedule(n)
   check, ks, cs = jnp.asarray(check_np), jnp.asarray(k_np), jnp.arange(n)
@@ -174,11 +181,16 @@ def _one(distance_fn: Callable, opts: AttackOptions, params, x, a, b, y, key, ep
 
   init = (x0, x0, g0, step0, correct0, x0, x0, g0, loss0, jnp.zeros(n, loss0.dtype), jnp.asarray(True), loss0)
   out = jax.lax.fori_loop(0, n, body, init)
-  return out[5], ~out[4]
+  return (out[5] if opts.keep == 'flipped' else out[6]), ~out[4]
 
 
 def make(distance_fn: Callable, opts: AttackOptions) -> Callable:
-  """A jitted (params, ref, img0, img1, target, key[, eps]) -> (x_adv (N, H, W, 3), success (N,) bool); ref, img0,
+  """`attack_fn` jitted (the library's and the benchmark's program)."""
+  return cpu_kernels.jit(attack_fn(distance_fn, opts))
+
+
+def attack_fn(distance_fn: Callable, opts: AttackOptions) -> Callable:
+  """A pure (params, ref, img0, img1, target, key[, eps]) -> (x_adv (N, H, W, 3), success (N,) bool); ref, img0,
   img1 float NHWC in [0, 1], target (N,) in {0, 1} (or the human fraction for img1: > 0.5 is img1); eps (a traced
   scalar: one program for every budget of a norm) defaults to opts.eps, as the step size (0: 2 eps / 2.5 eps / n)."""
   opts.check()
@@ -200,7 +212,7 @@ def make(distance_fn: Callable, opts: AttackOptions) -> Callable:
         success = success | sr
     return x_adv, success
 
-  return cpu_kernels.jit(run)
+  return run
 
 
 def parse_budgets(text: str, where: str = 'config.attacks') -> list[tuple[str, float, str]]:
