@@ -73,6 +73,14 @@ def get_config(arg=None):
   c.twoafc_loglik = False      # add Hepburn et al.'s likelihood column beside every 2AFC column
   c.loglik_bandwidth = 0.05    # its kernel width on the empirical-CDF scale
 
+  # robustness (docs/robustness.md): each 2AFC set (NIGHTS, BAPPS 2AFC) attacked through every model, one column
+  # group per budget beside the clean one; a model without a pixel path is listed, not scored
+  c.attacks = ''               # e.g. 'linf:4/255,l2:3' (Croce et al.'s NIGHTS budgets); '' = none
+  c.attack_steps = 100         # the authors' APGD iterations
+  c.attack_method = 'apgd'     # 'apgd' (Croce & Hein's step-size schedule) | 'pgd' (constant step 2.5 eps / steps)
+  c.attack_restarts = 1
+  c.attack_batch_size = 16     # items per jitted attack call
+
   # dataset='demo': mini NIGHTS / BAPPS / THINGS folders (visim_jax/data/human_demo.py), written once under
   # demo.root ('' = beside the feature cache), used for every protocol folder left empty
   c.dataset = 'folders'        # 'folders' (the *_dir fields) | 'demo'
@@ -84,6 +92,7 @@ def get_config(arg=None):
     c.bapps_sets = 'traditional,cnn,color'
     c.models = 'cosine:efficientnet_lite0,cosine:alexnet,cosine:vgg16,lpips:alex,lpips:vgg,dists,ssim,psnr,l2'
     c.n_boot = 200
+    c.attack_steps = 10         # small and fast (the published columns use 100)
     if arg == 'local':          # quick: the two fast models, one set per protocol
       c.models = 'cosine:efficientnet_lite0,lpips:alex'
       c.demo.quality = False

@@ -78,6 +78,8 @@ def get_config(arg=None):
   c.target_tau = 0.05          # teacher temperature
   c.margin = 0.05              # 'hinge'
   c.hinge_ref = 'per_pair'     # DreamSim embeds the reference once per pair ('per_pair', its dropout) | 'shared'
+  c.adversarial = ''           # 'hinge' on attacked references (docs/robustness.md): one budget, e.g. 'linf:4/255'
+  c.adversarial_steps = 10     # APGD steps per training step (each a forward + backward of the tower per item)
   c.ties = 'lt'                # held-out accuracy: a tie is wrong
 
   # optimisation (DreamSim: Adam 3e-4, betas (0.5, 0.999), no decay, constant lr)

@@ -11,7 +11,7 @@ from visim_jax.metrics import leaderboard
 from visim_jax.zoo import similarity
 
 SUBSETS = {'bapps_2afc': set(bapps.TWOAFC_SETS['val']), 'bapps_jnd': set(bapps.JND_SETS),
-           'nights': {'val', 'test'}}
+           'nights': {'val', 'test'}, 'nights@linf:4/255': {'test'}, 'nights@l2:3': {'test'}}   # robustness
 TABLE5 = 'arXiv:1801.03924v2 appendix A Table 5'
 
 

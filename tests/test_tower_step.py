@@ -207,3 +207,29 @@ def test_every_family_trains_fully(name, kwargs):
   leaves = jax.tree.leaves(g)
   assert all(np.isfinite(np.asarray(v)).all() for v in leaves)
   assert np.mean([bool(np.asarray(v).any()) for v in leaves]) > 0.7
+
+
+def test_adversarial_references_within_budget_and_harder():
+  """hp.adv_eps (issue 48 item 3): each reference replaced by its APGD example within the budget (0..255 scale),
+  p0 / p1 untouched, the 2AFC margin d_y - d_other up on every item; non-hinge refused. (The step itself with
+  adv_eps ran in development: 42 s of compilation here, too slow for the suite.)"""
+  bb, hp = _tiny(tune='lora', adv_eps=8 / 255, adv_steps=3)
+  tw = tower_step.tower(bb)
+  state, frozen = tower_step.init_state(hp, tw, bb.variables)
+  batch = _batch(3)
+  refs = jax.jit(functools.partial(tower_step.adversarial_refs, hp, tw))
+  adv = np.asarray(refs(state.trainable, frozen, batch, jax.random.PRNGKey(0)))
+  clean = np.asarray(batch.images, np.float32)
+  assert np.abs(adv[:, 0] - clean[:, 0]).max() <= 8 + 1e-3 and 0 <= adv.min() and adv.max() <= 255
+  np.testing.assert_array_equal(adv[:, 1:], clean[:, 1:])
+
+  def margin(images):
+    e = np.asarray(tower_step.embed(hp, tw, state.trainable, frozen, jnp.asarray(images).reshape(-1, 32, 32, 3)),
+                   np.float64).reshape(3, 3, -1)
+    cos = lambda a, b: np.sum(a * b, -1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    d0, d1 = 1 - cos(e[:, 0], e[:, 1]), 1 - cos(e[:, 0], e[:, 2])
+    y = np.asarray(batch.target) > 0.5
+    return np.where(y, d1 - d0, d0 - d1)
+  assert (margin(adv) > margin(clean)).all()
+  with pytest.raises(UserError, match='adv_eps'):
+    tower_step.Hparams(loss='jsd', similarity='dot', adv_eps=0.1).check()

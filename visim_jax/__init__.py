@@ -8,11 +8,11 @@ experiments/ (config -> typed options -> wiring) <- the faces: api.py (`load`), 
 See README "Layout".
 """
 
-__all__ = ['load', 'Model', 'jit', 'calibrate', 'load_calibration', 'plot_calibration']
+__all__ = ['load', 'Model', 'jit', 'calibrate', 'load_calibration', 'plot_calibration', 'attack']
 
 
 def __getattr__(name):
-  """`visim_jax.load` / `visim_jax.Model` (api.py) and `visim_jax.jit` (core/cpu_kernels.py: jax.jit with the CPU
+  """`visim_jax.load` / `visim_jax.Model` / `visim_jax.attack` (api.py) and `visim_jax.jit` (core/cpu_kernels.py: jax.jit with the CPU
   kernels the package's own programs use), imported on first use: `import visim_jax` stays cheap."""
   if name == 'jit':
     from visim_jax.core import cpu_kernels  # pylint: disable=g-import-not-at-top

@@ -321,3 +321,35 @@ def _library_words(msg: str) -> str:
   from visim_jax.zoo import interface  # pylint: disable=g-import-not-at-top
   head = f'{interface.FIELD}: '
   return f'{WHERE}: ' + msg[len(head):] if msg.startswith(head) else msg
+
+
+# ------------------------------------------------------------------------------------------------ attack
+
+def attack(model: Model, ref, img0, img1, target, *, norm: str = 'linf', eps: float = 4 / 255, steps: int = 100,
+           method: str = 'apgd', loss: str = 'ce', restarts: int = 1, random_start: bool = True,
+           step_size: float = 0.0, seed: int = 0, return_success: bool = False):
+  """The references of 2AFC items perturbed to flip the model's answer (docs/robustness.md; metrics/attacks.py):
+  ref, img0, img1 float NHWC in [0, 1] (embedding models at `model.image_size`: see `model.preprocess`), target
+  (N,) 1 where the humans chose img1 (a human fraction: > 0.5 is img1). Returns x_adv (N, H, W, 3) float32, each
+  within `eps` of ref in `norm` ('linf' | 'l2') and inside [0, 1] (and the (N,) bool of flipped decisions with
+  return_success=True). `method` 'apgd' (Croce & Hein's step-size schedule and momentum) or 'pgd'."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from visim_jax.metrics import attacks  # pylint: disable=g-import-not-at-top
+  if not isinstance(model, Model):
+    raise UserError(f'visim_jax.attack: model must be a visim_jax.load(...) model, got {type(model).__name__}')
+  x = [np.asarray(v) for v in (ref, img0, img1)]
+  for what, a in zip(('ref', 'img0', 'img1'), x):
+    if a.ndim != 4 or a.shape[-1] != 3 or a.shape != x[0].shape:
+      raise UserError(f'visim_jax.attack: {what} has shape {a.shape}; ref, img0 and img1 are (N, H, W, 3) batches '
+                      'of one shape')
+    _check_array(a.astype(np.float32) / 255.0 if a.dtype == np.uint8 else a, what)
+  x = [a.astype(np.float32) / np.float32(255.0) if a.dtype == np.uint8 else a.astype(np.float32) for a in x]
+  t = np.asarray(target, np.float32).reshape(-1)
+  if t.shape[0] != x[0].shape[0]:
+    raise UserError(f'visim_jax.attack: target has {t.shape[0]} values for {x[0].shape[0]} items')
+  opts = attacks.AttackOptions(str(norm).lower(), float(eps), steps, method, loss, restarts, bool(random_start),
+                               float(step_size)).check('visim_jax.attack')
+  fn = attacks.make(model.apply_distance, opts)
+  x_adv, success = fn(model.params, *x, t, jax.random.PRNGKey(seed))
+  x_adv, success = np.asarray(x_adv), np.asarray(success)
+  return (x_adv, success) if return_success else x_adv

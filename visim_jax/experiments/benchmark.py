@@ -35,6 +35,7 @@ from visim_jax.zoo import interface
 from visim_jax.core.errors import UserError
 from visim_jax.experiments import benchmark_quality
 from visim_jax.experiments import benchmark_tasks as tasks_lib
+from visim_jax.experiments import benchmark_attacks
 from visim_jax.metrics import degenerate
 
 SCORE_FIELDS = ('n_boot', 'ci_level', 'seed')
@@ -77,6 +78,7 @@ def validate_config(config) -> list[str]:
   checks.choice(config, 'rank_test', ('bootstrap', 'sign', 'none'))   # metrics/paired.py (docs/metrics.md)
   checks.flag(config, 'twoafc_loglik')
   checks.fraction(config, 'loglik_bandwidth')
+  benchmark_attacks.parse(config)   # config.attacks and its fields
   if config.dataset != 'demo' and not any(config[f] for f in DATA_FIELDS):
     raise UserError(f'config.nights_dir: no data given: set at least one of {", ".join(DATA_FIELDS)} (or run '
                     '--config=configs/benchmark.py:demo)')
@@ -90,7 +92,8 @@ def slug(spec: str) -> str:
 
 
 def _record_path(workdir, spec, protocol):
-  return os.path.join(workdir, 'records', slug(spec), f'{protocol}.json')
+  name = re.sub(r'[^A-Za-z0-9._-]+', '_', protocol)   # an attacked protocol: nights@linf:4/255
+  return os.path.join(workdir, 'records', slug(spec), f'{name}.json')
 
 
 def finished(path: str, fp: runtime.Fingerprint) -> dict | None:
@@ -110,7 +113,9 @@ def fingerprint(sim, protocol: str, tasks, config) -> runtime.Fingerprint:
               'image_lists': [features.file_list_hash(t.paths) for t in tasks]}
   if sim.preprocess is None:
     recorded['lpips_size'] = config.lpips_size
-  recorded.update({f: config[f] for f in PROTOCOL_FIELDS.get(protocol, ())})
+  recorded.update({f: config[f] for f in PROTOCOL_FIELDS.get(protocol.partition('@')[0], ())})
+  if '@' in protocol:   # the robustness columns (experiments/benchmark_attacks.py)
+    recorded.update({f: config[f] for f in benchmark_attacks.FIELDS})
   recorded['items'] = 1   # cells carry their per-item data (paired tests): records written before are recomputed
   return runtime.fingerprint(recorded, [a for t in tasks for a in t.arrays])
 
@@ -165,7 +170,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   config = with_demo(config)
   specs = validate_config(config)
   t0 = time.time()
-  protocols = tasks_lib.protocols(config)           # every file checked, nothing decoded
+  protocols = benchmark_attacks.add(tasks_lib.protocols(config),   # every file checked, nothing decoded
+                                    benchmark_attacks.parse(config))
   protocols.update(benchmark_quality.protocols(config))   # KADID-10k, ...: SRCC / KRCC / PLCC against MOS
   from visim_jax.backbones import features
   opts = interface.Options(features.check_cache_dir(config.cache_dir), config.image_batch_size, config.dtype, progress)

@@ -43,6 +43,7 @@ class Task:
   arrays: list          # what the scores depend on besides the images (judgements, indices): fingerprinted
   score: Callable       # (sim, feats, opts) -> {column: {score, ci_low, ci_high, n}}
   native: bool = False  # image models read the pairs at their native sizes (feats None; the quality protocol)
+  triplets: tuple | None = None   # 2AFC sets: (ref, p0, p1 rows of paths, judge), for the attacks (benchmark_attacks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +82,8 @@ def twoafc_task(protocol: str, subset: str, s) -> Task:
     d1 = _pairs(sim, feats, ref, p1, opts, f'{subset} d(ref, p1)')
     return {subset: {**human.twoafc_interval(d0, d1, s.judge, **_ci(opts)), 'items': {  # paired tests
         'kind': '2afc', 'd0': d0.tolist(), 'd1': d1.tolist(), 'judge': np.asarray(s.judge, float).tolist()}}}
-  return Task(protocol, subset, paths, [ref, p0, p1, np.asarray(s.judge)], score)
+  return Task(protocol, subset, paths, [ref, p0, p1, np.asarray(s.judge)], score,
+              (ref, p0, p1, np.asarray(s.judge, np.float32)))
 
 
 def jnd_task(subset: str, s) -> Task:

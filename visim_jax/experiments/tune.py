@@ -185,6 +185,7 @@ def _leaderboard(config, workdir: str, backbone, progress: bool) -> dict:
   c.models = f'cosine:{backbone.name}{tag},tuned:{workdir}'
   c.cache_dir, c.image_batch_size, c.plots = config.cache_dir, config.image_batch_size, config.plots
   c.n_boot = 200
+  c.attacks, c.attack_steps = config.adversarial, config.adversarial_steps   # attacked columns before / after
   s = benchmark.run(c, os.path.join(workdir, 'leaderboard'), progress)
   return {'models': s['models'], 'results': s['results']}
 

@@ -55,6 +55,23 @@ def _names(text: str) -> tuple[str, ...]:
   return tuple(s.strip() for s in str(text).split(',') if s.strip())
 
 
+def _adversarial(config, loss: str) -> dict:
+  """config.adversarial ('' or one budget 'linf:4/255' / 'l2:3') -> the step's adv_* fields (training/tower_step)."""
+  from visim_jax.metrics import attacks
+  checks.text(config, 'adversarial')
+  steps = checks.integer(config, 'adversarial_steps', 1, 10_000)
+  budgets = attacks.parse_budgets(config.adversarial, 'config.adversarial')
+  if not budgets:
+    return {}
+  if len(budgets) > 1:
+    raise checks.fail('adversarial', 'one budget trains (e.g. linf:4/255)', config.adversarial)
+  if loss != 'hinge':
+    raise checks.fail('adversarial', "attacked references need the 2AFC hinge (loss='hinge': NIGHTS / BAPPS "
+                      'votes)', config.adversarial)
+  norm, eps, _ = budgets[0]
+  return {'adv_norm': norm, 'adv_eps': eps, 'adv_steps': steps}
+
+
 def validate_config(config) -> TuneOptions:
   return parse(config)
 
@@ -125,6 +142,7 @@ def parse(config) -> TuneOptions:
     raise checks.fail('similarity', "the hinge trains on DreamSim's distance 1 - cosine: use 'cosine'", sim)
   checks.number(config, 'margin', 0, 2)
   checks.choice(config, 'hinge_ref', HINGE_REFS)
+  adv = _adversarial(config, loss)
   ties = checks.choice(config, 'ties', ('lt', 'le', 'split'))
   checks.number(config, 'lr', 0, 10, lo_open=True)
   checks.number(config, 'b1', 0, 1, hi_open=True)
@@ -177,7 +195,7 @@ def parse(config) -> TuneOptions:
                    margin=float(config.margin), lr=float(config.lr), b1=float(config.b1), b2=float(config.b2),
                    adam_updates=config.adam_updates, weight_decay=float(config.weight_decay),
                    schedule=config.schedule, warmup_steps=config.warmup, compute_dtype=config.compute_dtype,
-                   remat=config.remat, accum_steps=accum, hinge_ref=config.hinge_ref, seed=seed),
+                   remat=config.remat, accum_steps=accum, hinge_ref=config.hinge_ref, seed=seed, **adv),
       epochs=epochs, steps=steps, batch_size=batch, fsdp=fsdp, transform=transform, pixels=pixels,
       worker_count=worker_count, eval_every=every, checkpoint=config.checkpoint,
       checkpoint_every=config.checkpoint_every, keep_checkpoints=keep, plots=config.plots, leaderboard=board, ties=ties, seed=seed)

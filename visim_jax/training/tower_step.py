@@ -59,6 +59,7 @@ from visim_jax.core import ops
 from visim_jax.core import sharding as sharding_lib
 from visim_jax.core.errors import UserError
 from visim_jax.losses import odd_one_out
+from visim_jax.metrics import attacks
 from visim_jax.models import heads
 from visim_jax.models import lora as lora_lib
 from visim_jax.training import head_step
@@ -92,6 +93,9 @@ class Hparams:
   accum_steps: int = 1
   hinge_ref: str = 'per_pair'                # HINGE_REF
   seed: int = 0
+  adv_norm: str = 'linf'                     # adversarial references (hinge only; docs/robustness.md): 'linf' | 'l2'
+  adv_eps: float = 0.0                       # their budget on [0, 1] pixels; 0: clean training
+  adv_steps: int = 10                        # APGD steps per training step
 
   def check(self) -> 'Hparams':
     """Refuses what the step cannot do, naming the field."""
@@ -104,6 +108,8 @@ class Hparams:
       raise UserError("similarity: 'hinge' trains on DreamSim's distance 1 - cosine; set similarity='cosine'")
     if self.accum_steps < 1:
       raise UserError(f'accum_steps: {self.accum_steps}; expected >= 1')
+    if self.adv_eps and self.loss != 'hinge':
+      raise UserError(f"adv_eps: {self.adv_eps}; adversarial references need the 2AFC hinge (loss='hinge')")
     return self
 
 
@@ -241,10 +247,31 @@ def _cos(a, b):
   return jnp.sum(ops.l2_normalize(a) * ops.l2_normalize(b), -1)
 
 
+def adversarial_refs(hp: Hparams, tower_: Tower, trainable: dict, frozen: dict, batch: Batch,
+                     key: jax.Array) -> jax.Array:
+  """The batch's images with each reference replaced by its APGD example (metrics/attacks.py, keep='max_loss': the
+  iterate of the highest cross-entropy of (-d0, -d1) at the human majority) within hp.adv_eps of it, through the
+  current tower (no dropout, no gradient into the parameters): the robust-metric papers' training on attacked
+  references (R-LPIPS; Croce et al.'s robust tuning)."""
+  images = batch.images.astype(jnp.float32)
+  params = jax.lax.stop_gradient(trainable)
+
+  def dist(t, x0, x1):
+    return 1.0 - _cos(embed(hp, tower_, t, frozen, x0 * 255.0), embed(hp, tower_, t, frozen, x1 * 255.0))
+  opts = attacks.AttackOptions(hp.adv_norm, hp.adv_eps, hp.adv_steps, 'apgd', keep='max_loss')
+  x = images / 255.0
+  ref, _ = attacks.attack_fn(dist, opts)(params, x[:, 0], x[:, 1], x[:, 2], batch.target, key)
+  return images.at[:, 0].set(jax.lax.stop_gradient(ref) * 255.0)
+
+
 def batch_loss(hp: Hparams, tower_: Tower, trainable: dict, frozen: dict, batch: Batch,
-               key: jax.Array | None) -> tuple[jax.Array, jax.Array]:
-  """(mean loss, (B,) train correctness) of one (micro-)batch."""
+               key: jax.Array | None, adv_key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """(mean loss, (B,) train correctness) of one (micro-)batch (hp.adv_eps > 0: on attacked references, adv_key
+  their random starts)."""
   images = batch.images
+  if hp.adv_eps:
+    images = adversarial_refs(hp, tower_, trainable, frozen, batch,
+                              jax.random.PRNGKey(hp.seed) if adv_key is None else adv_key)
   b = images.shape[0]
   two_refs = hp.loss == 'hinge' and hp.hinge_ref == 'per_pair' and hp.tune == 'lora' and hp.lora.dropout > 0
   if two_refs:  # DreamSim's model(ref, p0), model(ref, p1): the reference through the tower twice
@@ -307,12 +334,14 @@ def step(hp: Hparams, tower_: Tower, state: State, frozen: dict, batch: Batch, m
   b = batch.images.shape[0]
   if b % n:
     raise UserError(f'batch size {b} is not a multiple of accum_steps={n}')
-  grad_fn = jax.value_and_grad(lambda t, mb, k: batch_loss(hp, tower_, t, frozen, mb, k), has_aux=True)
+  adv_key = jax.random.fold_in(step_key(hp, state.step), 0xAD) if hp.adv_eps else None
+  grad_fn = jax.value_and_grad(lambda t, mb, k, ak: batch_loss(hp, tower_, t, frozen, mb, k, ak), has_aux=True)
 
   def micro(i, mb):
     if mesh is not None:
       mb = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding_lib.batch_sharding(mesh, x.ndim)), mb)
-    return grad_fn(state.trainable, mb, None if key is None else jax.random.fold_in(key, i))
+    return grad_fn(state.trainable, mb, None if key is None else jax.random.fold_in(key, i),
+                   None if adv_key is None else jax.random.fold_in(adv_key, i))
 
   if n == 1:
     (loss, correct), grads = micro(0, batch)

@@ -46,6 +46,7 @@ def table1() -> dict[str, dict]:
 # (a fraction), source. NIGHTS: the DreamSim README's "updated NIGHTS performance table" (DreamSim models tuned
 # on NIGHTS train; val and test 2AFC); `cosine:dreamsim_*` are the same models (backbones/dreamsim.py: DreamSim's
 # distance is 1 - cos of its embedding; the patch models' embedding is cat(CLS, mean patch token)).
+# `nights@linf:4/255` / `nights@l2:3`: attacked 2AFC accuracy (docs/robustness.md), from Croce et al.'s README table.
 
 @functools.lru_cache(maxsize=None)
 def _human() -> tuple[dict, ...]:
