@@ -49,7 +49,9 @@ def test_second_identical_run_reads_its_programs_from_the_cache(tmp_path, monkey
   first, second = (t['compile_cache'] for t in timings)
   assert first['dir'] == str(tmp_path / 'jax_cache') and os.listdir(first['dir'])
   assert first['misses'] > 0 and first['hits'] == 0, first
-  assert second['misses'] == 0 and second['hits'] == first['misses'], second
+  # nothing compiled the second time; a program a Python-level cache still holds (jax.clear_caches does not reach
+  # it; a new process would) is not asked for again, so hits may be fewer than the first run's misses
+  assert second['misses'] == 0 and 0 < second['hits'] <= first['misses'], (first, second)
   for t in timings:
     assert t['compile'] > 0 and t['train'] >= 0 and t['extract'] >= 0, t
 

@@ -38,8 +38,8 @@ ACCEPTED = {
         'min_votes',
         # learn_triplets: Adam's betas may be 0 (no momentum), no warm-up, k-means++ centres without Lloyd steps
         'b1', 'b2', 'warmup', 'synthetic.seed', 'triplets.kmeans_iters',
-        # tune: LoRA without dropout (peft's default)
-        'lora.dropout')},
+        # tune: LoRA without dropout (peft's default); decoding in the training process (no grain workers)
+        'lora.dropout', 'worker_count')},
     ('backbone_kwargs.random_init', '-1'): 'documented: off',
     # chunk sizes have no upper bound: one chunk for the whole phase (run below for the adaptation)
     **{(f, 'huge'): 'one chunk' for f in ('checkpoint_every', 'log_every', 'model.chunk_steps')},

@@ -204,10 +204,12 @@ def test_simnet(simnet_wd):
 def test_nights_adapt(nights_wd, base, nights_copy, bench_wd):
   refused(nights_config(base, nights_copy, margin=-1.0), nights_wd, 'config.margin:')
   # both in range; together 10^6 GiB: refused before anything is allocated (it used to hang)
-  msg = refused(nights_config(base, nights_copy, seeds=10**4, adapt_dim=2**20), nights_wd, 'config.seeds: this run')
+  # the fields that drive the estimate, largest first (issue 44): adapt_dim's share, then seeds'
+  msg = refused(nights_config(base, nights_copy, seeds=10**4, adapt_dim=2**20), nights_wd, 'config.adapt_dim: this run')
+  assert 'or config.seeds' in msg
   assert 'GiB' in msg
   msg = refused(nights_config(base, nights_copy, model='triplet', embed_dim=2**20, seeds=100), nights_wd,
-                'config.seeds: this run')
+                'config.embed_dim: this run')
   bad = broken_copy(nights_copy, base / 'nights_broken', 'truncated')
   refused(nights_config(base, base / 'nights_broken'), nights_wd, bad)
   refused(bench_config(base, nights_copy), nights_wd, f'{nights_wd}: holds a nights_adapt run')
