@@ -43,7 +43,7 @@ def test_a_model_without_pixels_is_listed_not_scored():
   assert isinstance(why, str) and 'not differentiable' in why
   plan = benchmark_attacks.Plan((('linf', 4 / 255, 'linf:4/255'),), steps=1)
   from visim_jax.experiments.benchmark_tasks import Task
-  task = Task('nights', 'test', ['a.png'], [], None, (np.zeros(1, int),) * 3 + (np.ones(1, np.float32),))
+  task = Task('nights', 'test', ['a.png'], [], None, triplets=(np.zeros(1, int),) * 3 + (np.ones(1, np.float32),))
   cell = benchmark_attacks.attacked_task(task, plan, 'linf', 4 / 255, 'linf:4/255').score(sim, None, None)['test']
   assert 'not differentiable' in cell['degenerate'] and cell['n'] == 0
 

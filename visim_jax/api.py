@@ -51,7 +51,7 @@ import numpy as np
 
 from visim_jax.core.errors import UserError
 # how the library reads images (zoo/inputs.py); maps, masks, resize=, image_size=, input_range= are zoo/library.py's
-from visim_jax.zoo.inputs import _as_items, _load_items, _lpips_batch  # pylint: disable=protected-access
+from visim_jax.zoo.inputs import _as_items, _check_array, _load_items, _lpips_batch  # pylint: disable=protected-access
 
 WHERE = 'visim_jax.load'
 SHORT = {'dreamsim': 'cosine:dreamsim_ensemble', 'lpips': 'lpips:alex', 'lpips_alex': 'lpips:alex',

@@ -83,7 +83,7 @@ def twoafc_task(protocol: str, subset: str, s) -> Task:
     return {subset: {**human.twoafc_interval(d0, d1, s.judge, **_ci(opts)), 'items': {  # paired tests
         'kind': '2afc', 'd0': d0.tolist(), 'd1': d1.tolist(), 'judge': np.asarray(s.judge, float).tolist()}}}
   return Task(protocol, subset, paths, [ref, p0, p1, np.asarray(s.judge)], score,
-              (ref, p0, p1, np.asarray(s.judge, np.float32)))
+              triplets=(ref, p0, p1, np.asarray(s.judge, np.float32)))
 
 
 def jnd_task(subset: str, s) -> Task:
