@@ -101,8 +101,7 @@ def run(preset: str, steps: int, passes: int = 0, micro_batch: int = 0) -> dict:
   image_shape = (size, size, 3)
   abstract, _ = jax.eval_shape(lambda: tower_step.init_state(hp, tower, backbone.variables, jax.random.PRNGKey(0),
                                                              image_shape))
-  two_refs = hp.loss == 'hinge' and hp.hinge_ref == 'per_pair' and hp.tune == 'lora' and hp.lora.dropout > 0
-  per_triplet = 4 if two_refs else 3
+  per_triplet = 4 if hp.two_refs else 3
   parts, _, sizes = tune_memory.estimate(hp, tower, backbone, abstract.trainable, image_shape, micro * per_triplet,
                                          opts.fsdp)
   rss_built = _status('VmRSS')

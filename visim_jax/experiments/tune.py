@@ -75,9 +75,8 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   image_shape = (size, size, 3)
   key = jax.random.PRNGKey(opts.seed)
   abstract, _ = jax.eval_shape(lambda: tower_step.init_state(hp, tower, backbone.variables, key, image_shape))
-  two_refs = hp.loss == 'hinge' and hp.hinge_ref == 'per_pair' and hp.tune == 'lora' and hp.lora.dropout > 0
   parts = tune_memory.check(hp, tower, backbone, abstract.trainable, image_shape,
-                            micro * (4 if two_refs else 3) // n_dev, opts.fsdp)
+                            micro * (4 if hp.two_refs else 3) // n_dev, opts.fsdp)
   images = tune_data.image_source(opts, train, backbone.preprocess, progress)
   runtime.say(f'{len(train):,} train / {len(val):,} held-out triplets ({train.target_kind}) over {len(images):,} '
               f'images; {backbone.name} tune={hp.tune}, loss {hp.loss}, {steps} steps of {opts.batch_size} over '

@@ -97,6 +97,12 @@ class Hparams:
   adv_eps: float = 0.0                       # their budget on [0, 1] pixels; 0: clean training
   adv_steps: int = 10                        # APGD steps per training step
 
+  @property
+  def two_refs(self) -> bool:
+    """Whether the reference goes through the tower once per pair (4 images a triplet): DreamSim's hinge with
+    LoRA dropout on draws two masks for it (`hinge_ref='per_pair'`); otherwise 3 images, the same numbers."""
+    return self.loss == 'hinge' and self.hinge_ref == 'per_pair' and self.tune == 'lora' and self.lora.dropout > 0
+
   def check(self) -> 'Hparams':
     """Refuses what the step cannot do, naming the field."""
     for field, allowed in (('tune', TUNES), ('adam_updates', ADAM_UPDATES), ('compute_dtype', tuple(DTYPES)),
@@ -273,7 +279,7 @@ def batch_loss(hp: Hparams, tower_: Tower, trainable: dict, frozen: dict, batch:
     images = adversarial_refs(hp, tower_, trainable, frozen, batch,
                               jax.random.PRNGKey(hp.seed) if adv_key is None else adv_key)
   b = images.shape[0]
-  two_refs = hp.loss == 'hinge' and hp.hinge_ref == 'per_pair' and hp.tune == 'lora' and hp.lora.dropout > 0
+  two_refs = hp.two_refs
   if two_refs:  # DreamSim's model(ref, p0), model(ref, p1): the reference through the tower twice
     images = jnp.stack([images[:, 0], images[:, 1], images[:, 0], images[:, 2]], axis=1)
   k = images.shape[1]
