@@ -17,6 +17,7 @@ import dataclasses
 import jax
 import numpy as np
 
+from visim_jax.core import cpu_kernels
 from visim_jax.core.errors import UserError
 from visim_jax.experiments import checks
 from visim_jax.experiments.benchmark_tasks import Task
@@ -82,16 +83,19 @@ _PROGRAMS = {}
 
 
 def _program(sim, opts: attacks.AttackOptions):
-  """(jitted attack, jitted distance, params) per model and attack (eps traced: one program for every budget)."""
+  """(jitted attack, jitted distance, params) per model and attack (eps traced: one program for every budget).
+
+  Keyed by the model object: the entry holds the model itself, so its id is not reused while the entry lives.
+  """
   key = (id(sim), dataclasses.replace(opts, eps=1.0))
-  if key not in _PROGRAMS:
+  if key not in _PROGRAMS or _PROGRAMS[key][0] is not sim:
     pix = pixel_distance(sim)
     if isinstance(pix, str):
-      _PROGRAMS[key] = pix
+      _PROGRAMS[key] = (sim, pix)
     else:
       fn, params = pix
-      _PROGRAMS[key] = (attacks.make(fn, opts), jax.jit(fn), params)
-  return _PROGRAMS[key]
+      _PROGRAMS[key] = (sim, (attacks.make(fn, opts), cpu_kernels.jit(fn), params))
+  return _PROGRAMS[key][1]
 
 
 def attacked_task(task: Task, plan: Plan, norm: str, eps: float, lab: str) -> Task:
