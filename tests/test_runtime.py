@@ -165,3 +165,16 @@ def test_one_bar_over_training_and_the_phases_after_it(tmp_path, capsys):
     assert bar.n == bar.total
   err = capsys.readouterr().err
   assert f'{END + 4}/{END + 4}' in err and 'plots' in err
+
+
+def test_adapt_names_its_arrays_and_keeps_its_digest():
+  """The adaptation run's fingerprint names its feature arrays (a refused rerun says which differ) with the same
+  digest as the unnamed sequence it replaced (table1's cached results stay valid)."""
+  from visim_jax.experiments import adapt
+  from visim_jax.training import adaptation_runs
+  rng = np.random.RandomState(0)
+  feats = adaptation_runs.Features(rng.randn(4, 3).astype(np.float32), rng.randn(4, 3).astype(np.float32))
+  hp = adaptation_runs.Hparams()
+  fp = adapt.fingerprint(hp, feats)
+  assert list(fp.data_parts) == ['left features', 'right features']
+  assert fp.data_sha256 == runtime.fingerprint({}, list(feats)).data_sha256

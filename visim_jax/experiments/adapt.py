@@ -134,7 +134,9 @@ def train_all(hp: adaptation_runs.Hparams, feats: adaptation_runs.Features, run:
 def fingerprint(hp: adaptation_runs.Hparams, feats: adaptation_runs.Features) -> runtime.Fingerprint:
   """What a run's results depend on: the training fields and the feature arrays (the data)."""
   fields = {('train_dtype' if k == 'dtype' else k): v for k, v in hp.__dict__.items()}
-  return runtime.fingerprint(fields, feats)
+  return runtime.fingerprint(fields, {'left features': feats.left, 'right features': feats.right,
+                                      'left mirrored features': feats.left_flip,
+                                      'right mirrored features': feats.right_flip})
 
 
 def run(config, workdir: str, progress: bool = True) -> dict:

@@ -152,7 +152,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   recorded = config_fields.recorded_config(config, uses_backbone=True)
   fields = {**hp.__dict__, 'pca_dim': int(config.pca_dim) if hp.model == 'adapter' else None,
             'min_votes': config.min_votes}
-  fp = runtime.fingerprint(fields, [feats, *[np.asarray(a) for s in split.values() for a in s]])
+  fp = runtime.fingerprint(fields, {'features': feats, **{f'{k} {f}': np.asarray(a) for k, s in split.items()
+                                                          for f, a in s._asdict().items()}})
   host = lambda: {k: np.zeros((hp.seeds, hp.epochs), np.float32) for k in human_heads.EpochLog._fields}
   with runtime.Run(workdir, recorded, fp, config.checkpoint, progress, desc='train (epochs)') as rt:
     t1 = time.time()

@@ -126,12 +126,13 @@ def prepare(config, progress):
   """Mode -> {'dim', 'train' (sampler data), 'test' arrays, fingerprint arrays, metrics extras, retrieval}."""
   rng = np.random.RandomState(config.seed)
   if config.mode == 'warmup':
-    return {'dim': int(config.warmup_dim), 'fp': [], 'desc': {}, 'extra': {}}
+    return {'dim': int(config.warmup_dim), 'fp': {}, 'desc': {}, 'extra': {}}
   if config.mode == 'classes':
     x, labels, desc = load_classes(config, progress)
     tr, te = split_classes(labels, config, rng)
     x_tr, x_te = transform(config, x[tr], x[tr], x[te])
-    out = {'dim': x_tr.shape[1], 'fp': [x, labels, tr], 'desc': desc, 'labels_train': labels[tr],
+    out = {'dim': x_tr.shape[1], 'fp': {'features': x, 'labels': labels, 'training rows': tr}, 'desc': desc,
+           'labels_train': labels[tr],
            'train': {'a': x_tr, 'b': x_tr, 'index': simnet.class_index(labels[tr])},
            'test': (x_te, labels[te]),
            'extra': {'n_images': int(len(x)), 'n_classes': desc.pop('n_classes'), 'n_train': int(len(tr)),
@@ -152,7 +153,8 @@ def prepare(config, progress):
   tr, te = np.sort(perm[:n_train]), np.sort(perm[n_train:])
   l_tr, r_tr, l_te, r_te = transform(config, np.concatenate([left[tr], right[tr]]), left[tr], right[tr], left[te],
                                      right[te])
-  return {'dim': l_tr.shape[1], 'fp': [left, right, tr], 'desc': desc, 'train': {'a': l_tr, 'b': r_tr},
+  return {'dim': l_tr.shape[1], 'fp': {'left features': left, 'right features': right, 'training pairs': tr},
+          'desc': desc, 'train': {'a': l_tr, 'b': r_tr},
           'test': (l_te, r_te), 'extra': {'n_pairs': n, 'n_train': n_train, 'n_test': n - n_train}}
 
 

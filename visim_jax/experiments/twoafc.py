@@ -140,7 +140,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   models = names + ['global'] * bool(m.global_model)
   train_sets = context.pad_sets(train_parts)
   fields = {'model': m.to_dict(), 'seed': config.seed, 'features': feat_desc, 'models': models}
-  fp = runtime.fingerprint(fields, [feats] + [np.asarray(x) for x in train_sets])
+  fp = runtime.fingerprint(fields, {'features': feats, **{f'training triplets ({f})': np.asarray(x)
+                                                          for f, x in train_sets._asdict().items()}})
   check_memory(config, len(models), *feats.shape)
   with runtime.Run(workdir, config.to_dict(), fp, progress=progress, desc='context models') as run_:
     params, loss = train_models(run_, config, feats, train_sets, models)
