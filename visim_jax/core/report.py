@@ -8,6 +8,7 @@ import io
 import json
 import math
 import os
+import sys
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -62,6 +63,22 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
   return '\n'.join([line(header), line(['-' * w for w in widths])] + [line(r) for r in cells])
 
 
+def _summary_writer():
+  """tensorboardX's SummaryWriter, imported without torch: its writer module tries `import torch` (only to accept
+  torch tensors; ~5 s on a CPU box) and we write floats, so torch, when nothing imported it yet, is hidden for that
+  one import (tensorboardX then takes NumPy arrays, as on a machine without torch)."""
+  if 'torch' in sys.modules:
+    from tensorboardX import SummaryWriter
+    return SummaryWriter
+  sys.modules['torch'] = None   # `import torch` raises ImportError while this is set
+  try:
+    from tensorboardX import SummaryWriter
+  finally:
+    if sys.modules.get('torch', 0) is None:
+      del sys.modules['torch']
+  return SummaryWriter
+
+
 class ScalarWriter:
   """TensorBoard scalars under `logdir` (tensorboardX event files; write_scalars / flush / close).
 
@@ -71,8 +88,7 @@ class ScalarWriter:
   def __init__(self, logdir: str):
     self._writer = None
     if is_writer():
-      from tensorboardX import SummaryWriter
-      self._writer = SummaryWriter(logdir)
+      self._writer = _summary_writer()(logdir)
 
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
     if self._writer is not None:
