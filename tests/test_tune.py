@@ -1,7 +1,8 @@
 """The tune experiment on a tiny random ViT over teacher triplets of a few demo photos: it learns and writes a small
-LoRA file, `tuned:` loads it as the run embedded, a killed run resumes identically, a size that does not fit is
-refused before anything is written, every field is checked, the human-judgement sources (BAPPS 2AFC, THINGS) train,
-`:demo` runs at a CI size, the leaderboard before / after ranks both towers, and 8 devices with fsdp train what 1 does."""
+LoRA file, `tuned:` loads it as the run embedded, a size that does not fit is refused before anything is written,
+every field is checked, the human-judgement sources (BAPPS 2AFC, THINGS) train, `:demo` runs at a CI size, the
+leaderboard before / after ranks both towers, 8 devices with fsdp train what 1 does, and AligNet's release over mocked
+TFDS ImageNet resumes after kill -9 as the uninterrupted run (the resume test of every source: one grain path)."""
 import json
 import os
 import sys
@@ -9,11 +10,10 @@ import sys
 import numpy as np
 import pytest
 
-from test_runtime import kill_after
 from visim_jax.core import memory
 from visim_jax.core.errors import UserError
 from visim_jax.experiments import tune
-from visim_jax.training import runtime, tuned_file
+from visim_jax.training import tuned_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'configs'))
@@ -33,7 +33,7 @@ def tiny(tmp, **kw):
 @pytest.fixture(scope='module')
 def reference(tmp_path_factory):
   tmp = tmp_path_factory.mktemp('tune')
-  return tune.run(tiny(tmp), str(tmp / 'full'), progress=False), tmp
+  return tune.run(tiny(tmp, leaderboard=True), str(tmp / 'full'), progress=False), tmp
 
 
 def test_learns_and_keeps_a_small_lora_file(reference):
@@ -79,26 +79,6 @@ def test_tuned_spec_embeds_as_the_run(reference):
     w0 = np.asarray(base.variables['params'][module.split('/')[0]]['attn']['qkv']['kernel'])
     np.testing.assert_allclose(z[f'variables/params/{module}/kernel'], w0 + scale * e['a'] @ e['b'], atol=1e-6)
   np.testing.assert_array_equal(z['variables/params/norm/scale'], np.asarray(base.variables['params']['norm']['scale']))
-
-
-def test_killed_run_resumes_identically(reference, monkeypatch):
-  full, tmp = reference
-  monkeypatch.setattr(runtime, 'FAULT_HOOK', kill_after(3))
-  with pytest.raises(KeyboardInterrupt):
-    tune.run(tiny(tmp), str(tmp / 'killed'), progress=False)
-  monkeypatch.setattr(runtime, 'FAULT_HOOK', None)
-  assert not os.path.exists(tmp / 'killed' / 'metrics.json')
-  resumed = tune.run(tiny(tmp), str(tmp / 'killed'), progress=False)
-  assert resumed['results'] == full['results'] and resumed['fingerprint'] == full['fingerprint']
-  a, b = np.load(tmp / 'full' / 'curves.npz'), np.load(tmp / 'killed' / 'curves.npz')
-  for k in a.files:
-    np.testing.assert_array_equal(a[k], b[k])
-  _, la = tuned_file.load(str(tmp / 'full' / 'tuned.npz'))
-  _, lb = tuned_file.load(str(tmp / 'killed' / 'tuned.npz'))
-  for k in la['lora']:
-    np.testing.assert_array_equal(la['lora'][k]['b'], lb['lora'][k]['b'])
-  with pytest.raises(UserError, match=r'different config .*lr'):
-    tune.run(tiny(tmp, lr=0.05), str(tmp / 'killed'), progress=False)
 
 
 def test_a_size_that_does_not_fit_is_refused_before_anything_is_written(reference, monkeypatch):
@@ -179,16 +159,15 @@ def test_demo_mode_at_ci_size(tmp_path):
   assert all(0 <= m['results'][k]['accuracy'] <= 1 for k in ('frozen', 'tuned'))
 
 
-def test_leaderboard_before_and_after(tmp_path):
+def test_leaderboard_before_and_after(reference):
   """config.leaderboard: the demo human sets rank the frozen tower (`cosine:`) and the tuned one (`tuned:`), and
   metrics.json (written last) holds the board."""
-  m = tune.run(tiny(tmp_path, steps=2, eval_every=2, checkpoint_every=2, leaderboard=True), str(tmp_path / 'run'),
-               progress=False)
+  m, tmp = reference
   board = m['leaderboard']
-  assert board['models'] == ['cosine:vit:tiny', f'tuned:{tmp_path / "run"}']
+  assert board['models'] == ['cosine:vit:tiny', f'tuned:{tmp / "full"}']
   assert set(board['results'][board['models'][1]]) == {'nights', 'bapps_2afc', 'bapps_jnd', 'things'}
-  assert json.load(open(tmp_path / 'run' / 'metrics.json'))['leaderboard'] == board
-  assert os.path.isfile(tmp_path / 'run' / 'leaderboard' / 'leaderboard.md')
+  assert json.load(open(tmp / 'full' / 'metrics.json'))['leaderboard'] == board
+  assert os.path.isfile(tmp / 'full' / 'leaderboard' / 'leaderboard.md')
 
 
 _EIGHT = r'''
@@ -284,6 +263,7 @@ def test_alignet_release_over_mocked_imagenet_resumes_after_kill_9(tmp_path, hum
   r = subprocess.run([sys.executable, '-c', _KILLED, ROOT, str(tmp_path), *things.values()], capture_output=True,
                      text=True, env=env, cwd=ROOT)
   assert r.returncode == -9, r.stderr[-3000:]
+  assert not os.path.exists(tmp_path / 'killed' / 'metrics.json')
   state = json.load(open(tmp_path / 'killed' / 'checkpoints' / '3' / 'data' / 'process_0-of-1.json'))
   assert state == {'next_index': 3 * 3 * 4}   # 3 steps of 4 triplets: 36 images read
   with tfds.testing.mock_data(num_examples=40):
@@ -299,6 +279,9 @@ def test_alignet_release_over_mocked_imagenet_resumes_after_kill_9(tmp_path, hum
   assert meta['preprocessing']['std'] == [255.0] * 3   # AligNet's [0, 1] pixels, kept for `tuned:`
   for x, y in zip(*(jax_leaves(t) for t in (ta, tb))):
     np.testing.assert_array_equal(x, y)
+  with pytest.raises(UserError, match=r'different config .*lr'):   # the finished workdir, another config: refused
+    with tfds.testing.mock_data(num_examples=40):
+      tune.run(alignet_tiny(tmp_path, lr=0.05, **things), str(tmp_path / 'killed'), progress=False)
 
 
 def jax_leaves(tree):
