@@ -140,6 +140,13 @@ def test_the_memory_refusal_names_the_fields_that_drive_it_largest_first(monkeyp
   line = refused(lambda: na.check_memory(hp, 1000, 1280, 64), 'config.embed_dim: ')
   lower = line.partition('; lower ')[2]
   assert lower.index('config.embed_dim') < lower.index('config.seeds'), line   # both drive it: the larger first
+  # SimNet: a huge hard set is named, not the first field of a list (the batch size was)
+  from visim_jax.experiments import simnet
+  import simnet_tll
+  c = simnet_tll.get_config('local')
+  c.hard_set_size = 200_000
+  line = refused(lambda: simnet.check_memory(c, {'dim': 16}), 'config.hard_set_size: ', 'lower config.hard_set_size (')
+  assert 'config.batch_size' not in line.partition('; lower')[2], line
   # drivers against a plain loop: each field alone at 1
   est = lambda v: {'a': v['x'] * v['y'] * 8, 'b': v['y'] * 1000}
   got = memory.drivers(est, {'x': 1, 'y': 50})

@@ -174,8 +174,8 @@ def test_classify_says_which_model_and_what_the_numbers_are(photos, lite0):
 
 def test_search_memory_is_estimated_before_the_index_is_built(photos, tmp_path, monkeypatch):
   monkeypatch.setattr(memory, 'limit_bytes', lambda: 2**20)   # a 1 MiB "device"
-  with pytest.raises(UserError, match=r'^--query_block: the search index needs at least .* GiB .*lower '
-                                      r'--query_block or --block or --index_dtype$'):
+  with pytest.raises(UserError, match=r'^--block: the search index needs at least .* GiB .*lower '
+                                      r'--block \(.* of it\) or --query_block \(.* of it\)$'):   # the larger first
     search.run(photos, ['all'], out=str(tmp_path / 'm'), cache_dir='none', progress=False, block=4096,
                query_block=256)
   assert not os.path.exists(tmp_path / 'm' / 'results.json')

@@ -153,19 +153,26 @@ def validate_config(config) -> None:
 def check_memory(config, d: dict) -> None:
   """SimNet's training memory (bytes, a lower bound) against the device's, before allocating: the MLP on 2 x dim
   inputs with Adam's moments and the gradient, a batch's activations, SimNet*'s all-vs-all hard set (labels and
-  one score tile), the loss history on host, the training features."""
+  one score tile), the loss history on host, the training features. The refusal names the fields that drive it,
+  largest first (memory.drivers; the architecture by its parameters' share)."""
   f32, dim = memory.F32, int(d['dim'])
   sizes = (2 * dim, *simnet.hidden_sizes(simnet_run.arch(config.architecture)), 1)
   params = sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:]))
-  m = config.hard_set_size if config.mode != 'warmup' and config.refine_steps else 0
   steps = config.warmup_steps + config.steps + config.refine_steps
   train = d.get('train', {})
-  parts = {'parameters': 5 * params * f32, 'activations': 3 * config.batch_size * sum(sizes) * f32,
-           'hard set': m * m + config.q_tile * config.d_tile * sum(sizes[1:]) * f32 * bool(m),
-           'loss history': 2 * steps * f32,
-           'features': sum(np.asarray(v).nbytes for k, v in train.items() if k in ('a', 'b'))}
-  memory.check(parts, ['config.architecture', 'config.batch_size', 'config.hard_set_size', 'config.q_tile',
-                       'config.d_tile'],
+
+  def est(v):
+    m = v['config.hard_set_size']
+    return {'parameters': 5 * params * f32, 'activations': 3 * v['config.batch_size'] * sum(sizes) * f32,
+            'hard set': m * m + v['config.q_tile'] * v['config.d_tile'] * sum(sizes[1:]) * f32 * bool(m),
+            'loss history': 2 * steps * f32,
+            'features': sum(np.asarray(x).nbytes for k, x in train.items() if k in ('a', 'b'))}
+  m = config.hard_set_size if config.mode != 'warmup' and config.refine_steps else 0
+  values = {'config.batch_size': config.batch_size, 'config.hard_set_size': m, 'config.q_tile': config.q_tile,
+            'config.d_tile': config.d_tile}
+  parts = est(values)
+  fields = {'config.architecture': parts['parameters'], **memory.drivers(est, values)}
+  memory.check(parts, dict(sorted(fields.items(), key=lambda fb: -fb[1])),
                f'architecture={config.architecture}, input 2 x {dim}, batch_size={config.batch_size}, '
                f'hard_set_size={config.hard_set_size}')
 

@@ -203,9 +203,11 @@ def run(folder: str, query: Sequence[str], adapter: str | None = None, backbone:
   check_vectors(index_vecs if all_mode and not pairs_mode else np.concatenate([index_vecs, query_vecs]), source)
   n, d = index_vecs.shape
   item = 2 if index_dtype == 'bfloat16' else 4
-  memory.check({'index': n * d * item, 'score blocks': 2 * query_block * block * 4,
-                'queries': len(query_vecs) * d * 4},
-               ['--query_block', '--block', '--index_dtype'], f'{n:,} x {d} index, {index_dtype}',
+  parts = {'index': n * d * item, 'score blocks': 2 * query_block * block * 4, 'queries': len(query_vecs) * d * 4}
+  drivers = {'--index_dtype=bfloat16': n * d * (item - 2), '--query_block': 2 * (query_block - 1) * block * 4,
+             '--block': 2 * query_block * (block - 1) * 4}   # the bytes each saves at its least
+  drivers = {f: b for f, b in sorted(drivers.items(), key=lambda fb: -fb[1]) if b > 0} or {'--folder': n * d * item}
+  memory.check(parts, drivers, f'{n:,} x {d} index, {index_dtype}',
                what='the search index')   # before anything is put on the device (visim_jax/core/memory.py)
   index = index_lib.build_index(index_vecs, block=block, dtype=index_dtype)
   kk = min(k, index.n - (1 if exclude is not None else 0))
