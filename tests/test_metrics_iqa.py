@@ -96,7 +96,44 @@ def test_zoo_specs_batches_and_errors(photos):
   n = ((ODD[0] + 1) // 2) * ((ODD[1] + 1) // 2)      # the map after the 2x downsampling
   np.testing.assert_allclose(np.asarray(m.fn(cand, ref, m.variants['paper'])), piq_v * np.sqrt(n / (n - 1)),
                              rtol=1e-5)
-  with pytest.raises(UserError, match="fsim variants: fsim:piq, fsim:grey"):
-    vj.load('fsim:paper')
+  with pytest.raises(UserError, match="vsi variants: vsi:piq"):
+    vj.load('vsi:paper')
   with pytest.raises(UserError, match='iw_ssim: images of 64x64 px; iw_ssim needs sides of at least 161 px'):
     vj.load('iw_ssim').distance(ref[:1, :64, :64], cand[:1, :64, :64])
+
+
+def _matlab_same_down(a, f):
+  """MATLAB `conv2(a, fspecial('average', f), 'same')` then `a(1:f:end, 1:f:end)`, by plain loops: the full 2-D
+  convolution, its central part from index floor(f / 2) (MATLAB's 'same': conv([-1 2 3 -2 0 1 2], [2 4 -1 1],
+  'same') = [15 5 -9 7 6 7 -1], its documentation's example), every f-th sample from the first."""
+  h, w = a.shape
+  full = np.zeros((h + f - 1, w + f - 1))
+  for i in range(h):
+    for j in range(w):
+      full[i:i + f, j:j + f] += a[i, j] / (f * f)
+  return full[f // 2:f // 2 + h, f // 2:f // 2 + w][::f, ::f]
+
+
+def test_fsim_paper_follows_featuresim_m(photos):
+  """`fsim:paper` (FeatureSIM.m): its downsampling, round and YIQ coefficients against plain NumPy versions of the
+  MATLAB rules; on the odd-size photos (f = 1) it differs from piq's by the colour matrix only, slightly."""
+  from visim_jax.models.iqa import fsim as fsim_lib, ops
+  u, v = np.array([-1, 2, 3, -2, 0, 1, 2.0]), np.array([2, 4, -1, 1.0])
+  assert np.convolve(u, v)[len(v) // 2:len(v) // 2 + len(u)].tolist() == [15, 5, -9, 7, 6, 7, -1]   # 'same'
+  rng = np.random.default_rng(0)
+  for h, w, f in ((7, 8, 2), (10, 9, 3), (9, 13, 4), (5, 6, 1)):
+    x = rng.random((2, h, w)).astype(np.float32)
+    got = np.asarray(ops.box_same_down(x, f))
+    np.testing.assert_allclose(got, np.stack([_matlab_same_down(t, f) for t in x]), atol=1e-6)
+  assert [ops.matlab_factor(s, s + 9) for s in (383, 384, 640, 1152)] == [1, 2, 3, 5]   # MATLAB: halves up
+  assert [ops.wang_factor(s, s + 9) for s in (640, 1152)] == [2, 4]                      # Python: halves to even
+  rgb = rng.random((4, 3))
+  yiq = np.asarray(ops.mix(rgb.astype(np.float32), ops.YIQ_MATLAB))
+  want = [[0.299 * r + 0.587 * g + 0.114 * b, 0.596 * r - 0.274 * g - 0.322 * b, 0.211 * r - 0.523 * g + 0.312 * b]
+          for r, g, b in rgb]
+  np.testing.assert_allclose(yiq, want, atol=1e-6)
+  ref, cand = photos['odd']
+  m = iqa.METRICS['fsim']
+  piq_v, paper = (np.asarray(m.fn(cand, ref, m.variants[v])) for v in ('piq', 'paper'))
+  assert m.variants['paper'] == fsim_lib.FSIMOptions(matlab=True)
+  assert 0 < np.max(np.abs(paper - piq_v)) < 2e-3
