@@ -12,7 +12,8 @@ from visim_jax.zoo import similarity
 
 SUBSETS = {'bapps_2afc': set(bapps.TWOAFC_SETS['val']), 'bapps_jnd': set(bapps.JND_SETS),
            'nights': {'val', 'test'}, 'nights@linf:4/255': {'test'}, 'nights@l2:3': {'test'},   # robustness
-           **{q: {'SRCC', 'KRCC'} for q in ('csiq', 'live', 'tid2013')}}   # pyiqa's FR table (its PLCC: linear)
+           **{q: {'SRCC', 'KRCC'} for q in ('csiq', 'live', 'tid2013')},   # pyiqa's FR table (its PLCC: linear)
+           'kadid': {'SRCC'}, 'pipal': {'SRCC'}}                             # piq's README (SRCC only)
 TABLE5 = 'arXiv:1801.03924v2 appendix A Table 5'
 
 
@@ -114,3 +115,23 @@ def test_pyiqa_quality_rows_sit_beside_ours(tmp_path):
   assert '(published 0.809)' in line['psnr'] and '(published 0.599)' in line['psnr']
   assert 'published' not in line['ssim']        # pyiqa's SSIM is on the Y channel: another quantity
   assert '| pyiqa ssim | csiq SRCC | 0.837 |' in md.split('Published on the same columns')[1]
+
+
+PIQ = "piq README.rst 'Benchmark' FR table (photosynthesis-team/piq@9948a52)"
+
+
+def test_piq_readme_rows_sit_beside_the_ten_metrics(tmp_path):
+  """piq's README SRCC table: its PIQ column is piq's own code (= our default variants, tests/test_metrics_iqa.py), so
+  those rows print beside ours; its Reference column (the metrics' papers and surveys) is listed under the table."""
+  got = {(r['protocol'], r['model']): r for r in rows() if r['source'].startswith(PIQ)}
+  assert {r['subset'] for r in got.values()} == {'SRCC'} and len(got) == 16 * 3 + 31
+  for key, score, spec in ((('kadid', 'piq HaarPSI'), 0.89, 'haarpsi'), (('pipal', 'piq DSS'), 0.63, 'dss'),
+                           (('tid2013', 'piq MS-GMSDc'), 0.89, 'ms_gmsd:chromatic'),
+                           (('tid2013', 'VSI as reported by the Eval2019 survey (IEEE 8847307)'), 0.90, '')):
+    assert (got[key]['score'], got[key]['spec']) == (score, spec), key
+  results = {m: {'kadid': {'SRCC': cell(v)}} for m, v in (('haarpsi', 0.7), ('vsi', 0.6))}
+  board = leaderboard.build(results, list(results), ['kadid'], leaderboard.RankOptions(test='none'))
+  leaderboard.write(str(tmp_path), board)
+  md = (tmp_path / 'leaderboard.md').read_text()
+  assert '(published 0.890)' in next(x for x in md.splitlines() if x.startswith('| `haarpsi` |'))
+  assert '| HaarPSI as reported by the KADID-10k paper | kadid SRCC | 0.890 |' in md
