@@ -132,6 +132,10 @@ def test_fsim_paper_follows_featuresim_m(photos):
   want = [[0.299 * r + 0.587 * g + 0.114 * b, 0.596 * r - 0.274 * g - 0.322 * b, 0.211 * r - 0.523 * g + 0.312 * b]
           for r, g, b in rgb]
   np.testing.assert_allclose(yiq, want, atol=1e-6)
+  p = np.array([-0.5, -1e-3, 0.0, 0.3, 1.0], np.float32)       # S_I S_Q; MATLAB real(p .^ 0.03), principal power
+  np.testing.assert_allclose(np.asarray(fsim_lib.chroma_term(p, matlab=True)), np.real(p.astype(complex) ** 0.03),
+                             atol=1e-6)
+  np.testing.assert_allclose(np.asarray(fsim_lib.chroma_term(p)), np.abs(p) ** 0.03, atol=1e-6)   # piq's
   ref, cand = photos['odd']
   m = iqa.METRICS['fsim']
   piq_v, paper = (np.asarray(m.fn(cand, ref, m.variants[v])) for v in ('piq', 'paper'))

@@ -8,7 +8,9 @@ Kovesi's phasecong2 (noise threshold from the median of the finest scale's energ
 (I = 0.596 R - 0.274 G - 0.322 B, Q = 0.211 R - 0.523 G + 0.312 B; piq: 0.5959 / -0.2746 / -0.3213, 0.2115 / -0.5227
 / 0.3112), MATLAB's round for f, and its downsampling (`conv2(., fspecial('average', F), 'same')` then every F-th
 pixel from the first: windows centred as conv2 centres them, ceil(H / F) samples; piq's `avg_pool2d(F)` starts its
-windows at 0 and drops a partial last one). The same on images under 384 px except for the YIQ coefficients.
+windows at 0 and drops a partial last one), and its colour factor `real((S_I .* S_Q) .^ 0.03)` where piq takes
+|S_I S_Q|^0.03 (they differ where the chroma of the two images have opposite signs). On images under 384 px only the
+YIQ coefficients and the colour factor differ.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ class FSIMOptions:
   sigma_f: float = 0.55
   delta_theta: float = 1.2
   k: float = 2.0
-  matlab: bool = False          # True: FeatureSIM.m's YIQ, round and downsampling (`fsim:paper`; docstring)
+  matlab: bool = False          # True: FeatureSIM.m's YIQ, round, downsampling, colour factor (`fsim:paper`)
 
 
 def meshgrid(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
@@ -100,6 +102,13 @@ def phase_congruency(x, filters: np.ndarray, opts: FSIMOptions):
   return (energy.sum(1) + eps) / (an.sum(axis=(1, 2)) + eps)
 
 
+def chroma_term(p, matlab: bool = False, lam: float = 0.03):
+  """FSIMc's colour factor of S_I S_Q = p: piq's |p|^lambda, or FeatureSIM.m's `real(p .^ lambda)` (a negative p,
+  opposite chroma signs, gives |p|^lambda cos(pi lambda): MATLAB's principal power)."""
+  r = jnp.abs(p) ** lam
+  return jnp.where(p < 0, r * math.cos(math.pi * lam), r) if matlab else r
+
+
 @functools.partial(cpu_kernels.jit, static_argnums=2)
 def fsim(x, y, opts: FSIMOptions = FSIMOptions()):
   """(N,) FSIM(c) of float [0, 1] NHWC RGB batches (HIGHER = more similar)."""
@@ -119,5 +128,5 @@ def fsim(x, y, opts: FSIMOptions = FSIMOptions()):
   if opts.chromatic:
     s_i = ops.similarity_map(a[..., 1], b[..., 1], 200.0)
     s_q = ops.similarity_map(a[..., 2], b[..., 2], 200.0)
-    score = score * jnp.abs(s_i * s_q) ** 0.03
+    score = score * chroma_term(s_i * s_q, opts.matlab)
   return score.sum(axis=(1, 2)) / pc_max.sum(axis=(1, 2))
