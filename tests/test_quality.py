@@ -124,7 +124,7 @@ def test_csiq_pieapp_gates(built, tmp_path):
   sets = _copy(built, tmp_path)
   kadid = quality_data.load_kadid(sets['kadid'])
   csiq = quality_data.load_csiq(sets['csiq'])
-  np.testing.assert_allclose(np.sort(csiq.mos), np.sort(-(5 - kadid.mos) / 4), atol=3e-5)   # DMOS negated (KADID rounded)
+  np.testing.assert_allclose(np.sort(csiq.mos), np.sort(-(5 - kadid.mos) / 4), atol=3e-5)   # negated; KADID rounded
   assert not csiq.higher_is_better and csiq.dists[0].endswith('dst_imgs/blur/img1.BLUR.1.png')
   assert csiq.refs[0].endswith('src_imgs/img1.png')
   pie = quality_data.load_pieapp(sets['pieapp'])

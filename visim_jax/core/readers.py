@@ -100,7 +100,8 @@ def _column(ref: str) -> int:
   return n - 1
 
 
-def xlsx_rows(path: str, sheet: str | None = None, what: str = 'spreadsheet') -> tuple[str, list[tuple[int, list[str]]]]:
+def xlsx_rows(path: str, sheet: str | None = None,
+              what: str = 'spreadsheet') -> tuple[str, list[tuple[int, list[str]]]]:
   """(sheet name, [(1-based row number, cell texts)]) of `sheet` (None: the first) of an .xlsx. Shared and inline
   strings are read as text, numbers as written (an integral number without its '.0'), empty cells as ''."""
   import posixpath  # pylint: disable=g-import-not-at-top
