@@ -113,6 +113,10 @@ GPU_PLAN = (
                           '--repeats=2'], 75, 'fp32'),
     ('learn_triplets', 'learn_triplets', ['--mode=compare', '--steps=50', '--alternations=3'], 60, 'fp32'),
     ('metrics', 'metrics', ['--size=256', '--pairs=512', '--batch=128'], 60, 'fp32'),
+    # the ten IQA metrics of models/iqa against piq 0.8.0 (issue 47): first compilations dominate (IW-SSIM's the
+    # longest on a CPU, ~20 s), hence fewer pairs and two alternations
+    ('metrics_iqa', 'metrics', ['--metrics=iqa', '--size=256', '--pairs=128', '--batch=32', '--alternations=2'], 120,
+     'fp32'),
     # ViT-B/16 LoRA step vs PyTorch + peft, bfloat16 compute on both sides (the script's preset; it stops at 80 s)
     ('tune_step_vitb16_lora', 'tune_step', ['--gpu_preset'], 90, 'fp32'),
     # the full-size tuning steps (issue 43): DreamSim's default ensemble LoRA at batch 16 vs PyTorch + peft, and
@@ -124,7 +128,7 @@ GPU_PLAN = (
 GPU_CALLS = (
     ('tune_step_ensemble', 'tune_step_alignet', 'tune_step_vitb16_lora'),   # first: the full-size tuning presets
     ('search', 'twoafc', 'simnet', 'histograms_imagenet', 'adapt_tll', 'metrics'),
-    ('pipeline', 'extract_lite0', 'extract_clip_b32'),
+    ('pipeline', 'extract_lite0', 'extract_clip_b32', 'metrics_iqa'),
     ('extract_siglip_dreamsim', 'lpips', 'learn_triplets'),
 )
 GPU_BEGIN, GPU_END = '<!-- run_all_gpu:begin -->', '<!-- run_all_gpu:end -->'
@@ -138,6 +142,7 @@ GPU_NEEDS = {
     'extract_siglip_dreamsim': ('transformers',),
     'lpips': ('lpips', 'lpips_weights'),
     'metrics': ('pytorch_msssim', 'piq', 'DISTS_pytorch'),
+    'metrics_iqa': ('piq',),
 }
 
 

@@ -54,6 +54,9 @@ def get_config(arg=None):
   c.tid2013_dir = ''           # TID2013 (mos_with_names.txt, distorted_images/, reference_images/): the same scores
   c.pipal_dir = ''             # PIPAL's training set (Train_Label/, Train_Dis/, Train_Ref/): the same scores
   c.live_dir = ''              # LIVE Release 2 (databaserelease2: jp2k/ ... refimgs/, dmos_realigned.mat): the same
+  c.csiq_dir = ''              # CSIQ (csiq.DMOS.xlsx, src_imgs/, dst_imgs/<type>/): the same scores
+  c.pieapp_dir = ''            # PieAPP (reference_images/, distorted_images/, labels/ test split): the same scores on
+                               # its per-image scores + a 2AFC column group on its pairwise labels (pieapp_2afc)
 
   # features (cosine / adapter / simnet / context models share one pooled-feature cache per backbone)
   c.image_batch_size = 32

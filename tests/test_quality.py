@@ -1,8 +1,10 @@
 """The image-quality protocol (issue 47): SRCC / KRCC / PLCC against plain-loop versions, the five-parameter
-logistic, the paired 'corr' test, the KADID-10k loader's gate (bad rows, missing files, paths out of the folder:
-one line each) and the leaderboard end to end on the mini KADID-10k of data/quality_demo.py."""
+logistic, the paired 'corr' test, the loaders' gates (bad rows, missing files, paths out of the folder: one line
+each; CSIQ's .xlsx read with the standard library, PieAPP as a quality and a 2AFC set) and the leaderboard end to end
+on the mini sets of data/quality_demo.py (built once per module, copied per test)."""
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -56,6 +58,18 @@ def test_paired_corr_items():
     assert paired.compare_pair(item(good, stat), item(good, stat), n_boot=50)['p'] > 0.5   # never separated
 
 
+@pytest.fixture(scope='module')
+def built(tmp_path_factory):
+  return quality_demo.quality_demo(str(tmp_path_factory.mktemp('quality_demo')))
+
+
+def _copy(built, tmp_path) -> dict:
+  """A private copy of the mini sets (tests edit files)."""
+  root = os.path.dirname(built['kadid'])
+  shutil.copytree(root, tmp_path / 'demo')
+  return {k: str(tmp_path / 'demo' / os.path.basename(v)) for k, v in built.items()}
+
+
 def _write_kadid(root, rows, images=('I01.png', 'I01_01_01.png')):
   os.makedirs(os.path.join(root, 'images'), exist_ok=True)
   for name in images:
@@ -80,8 +94,8 @@ def test_kadid_gate(tmp_path):
     quality_data.load_kadid(str(tmp_path / 'none'))
 
 
-def test_tid2013_pipal_live_gates(tmp_path):
-  sets = quality_demo.quality_demo(str(tmp_path / 'demo'))
+def test_tid2013_pipal_live_gates(built, tmp_path):
+  sets = _copy(built, tmp_path)
   tid, pipal = quality_data.load_tid2013(sets['tid2013']), quality_data.load_pipal(sets['pipal'])
   kadid = quality_data.load_kadid(sets['kadid'])
   np.testing.assert_allclose(tid.mos, (kadid.mos - 1) * 9 / 4, atol=2e-4)   # the same opinions (rounded)
@@ -103,20 +117,72 @@ def test_tid2013_pipal_live_gates(tmp_path):
     quality_data.load_pipal(sets['pipal'])
 
 
-def test_leaderboard_on_the_mini_kadid(tmp_path):
-  """configs/benchmark.py with kadid_dir: SRCC / KRCC / PLCC columns with intervals and ranks; the demo set in the
-  published layout; a rerun reads the cells back."""
+def test_csiq_pieapp_gates(built, tmp_path):
+  """CSIQ's workbook (a title row above the header, shared strings, numbers) and PieAPP's label files hold the same
+  opinions as the mini KADID-10k; bad rows and missing files: one line naming the file."""
+  from visim_jax.core import readers
+  sets = _copy(built, tmp_path)
+  kadid = quality_data.load_kadid(sets['kadid'])
+  csiq = quality_data.load_csiq(sets['csiq'])
+  np.testing.assert_allclose(np.sort(csiq.mos), np.sort(-(5 - kadid.mos) / 4), atol=3e-5)   # negated; KADID rounded
+  assert not csiq.higher_is_better and csiq.dists[0].endswith('dst_imgs/blur/img1.BLUR.1.png')
+  assert csiq.refs[0].endswith('src_imgs/img1.png')
+  pie = quality_data.load_pieapp(sets['pieapp'])
+  np.testing.assert_allclose(np.sort(pie.mos), np.sort(-(5 - kadid.mos)), atol=1e-4)   # the reference rows left out
+  pairs = quality_data.load_pieapp_2afc(sets['pieapp'])
+  assert len(pairs) == 4 * 16 and pairs.p0[0].endswith('reference_images/test/ref_0001.png')
+  assert pairs.p1[0].endswith('distorted_images/test/ref_0001/distort_0001_blur_inter_1.png')
+  labels = os.path.join(sets['pieapp'], 'labels', 'test', 'ref_0001_pairwise_labels.csv')
+  second = open(labels).read().splitlines()[2].split(',')                    # the file's P(A closer) -> judge
+  assert pairs.judge[1] == pytest.approx(1 - float(second[3]), abs=1e-6)
+  # the .xlsx reader against the table written (a plain-loop check of every cell)
+  from visim_jax.data.quality_demo import write_xlsx
+  table = [['title'], ['image', 'n', 'x'], ['a&b', 3, 0.25], ['1600', 1600, -2.5e-07]]
+  write_xlsx(str(tmp_path / 't.xlsx'), 'all_by_image', table)
+  name, rows = readers.xlsx_rows(str(tmp_path / 't.xlsx'))
+  assert name == 'all_by_image' and [r for _, r in rows] == [[str(v) for v in row] for row in table]
+  with pytest.raises(UserError, match="t.xlsx: CSIQ DMOS workbook has no sheet 'x'"):
+    readers.xlsx_rows(str(tmp_path / 't.xlsx'), 'x', 'CSIQ DMOS workbook')
+  xlsx = os.path.join(sets['csiq'], 'csiq.DMOS.xlsx')
+  (tmp_path / 'bad.xlsx').write_text('image,dmos\n')
+  with pytest.raises(UserError, match='bad.xlsx: not a readable .xlsx'):
+    readers.xlsx_rows(str(tmp_path / 'bad.xlsx'))
+  os.remove(os.path.join(sets['csiq'], 'dst_imgs', 'awgn', 'img2.AWGN.3.png'))
+  with pytest.raises(UserError, match=r'csiq.DMOS.xlsx:sheet all_by_image row \d+: .*img2.AWGN.3.png: CSIQ image not'):
+    quality_data.load_csiq(sets['csiq'])
+  write_xlsx(xlsx, 'all_by_image', [['image', 'dst_idx', 'dst_type', 'dst_lev', 'dmos'], ['img1', 7, 'x', 1, 0.2]])
+  with pytest.raises(UserError, match=r'row 2: .*dst_idx'):
+    quality_data.load_csiq(sets['csiq'])
+  with open(labels, 'a') as f:
+    f.write('ref_0001.png,distort_0001_blur_inter_1.png,distort_0001_blur_inter_2.png,1.5\n')
+  with pytest.raises(UserError, match=r'ref_0001_pairwise_labels.csv:line 18: .*not in \[0, 1\]'):
+    quality_data.load_pieapp_2afc(sets['pieapp'])
+  with open(labels, 'a') as f:
+    f.write('ref_0001.png,../../x.png,distort_0001_blur_inter_2.png\n')
+  scores = os.path.join(sets['pieapp'], 'labels', 'test', 'ref_0002_per_image_score.csv')
+  with open(scores, 'a') as f:
+    f.write('ref_0002.png,distort_0002_blur_inter_9.png,1.0\n')
+  with pytest.raises(UserError, match='distort_0002_blur_inter_9.png: PieAPP image not found'):
+    quality_data.load_pieapp(sets['pieapp'])
+
+
+def test_leaderboard_on_the_mini_sets(built, tmp_path):
+  """configs/benchmark.py with the six quality folders: SRCC / KRCC / PLCC columns with intervals and ranks (and
+  PieAPP's 2AFC column group); the demo sets in the published layouts; a rerun reads the cells back."""
   from visim_jax import main
   from test_benchmark import demo_config
-  sets = quality_demo.quality_demo(str(tmp_path / 'demo'))
+  sets = built
   assert sorted(os.listdir(sets['kadid'])) == ['dmos.csv', 'images'] and len(quality_data.load_kadid(sets['kadid'])) == 64
   c = demo_config(tmp_path, 'local', models='gmsd,psnr', kadid_dir=sets['kadid'], tid2013_dir=sets['tid2013'],
-                  pipal_dir=sets['pipal'], live_dir=sets['live'], dataset='folders')
+                  pipal_dir=sets['pipal'], live_dir=sets['live'], csiq_dir=sets['csiq'], pieapp_dir=sets['pieapp'],
+                  dataset='folders')
   work = str(tmp_path / 'w')
   summary = main.run(c, work)
-  assert summary['protocols'] == ['kadid', 'tid2013', 'pipal', 'live']
+  assert summary['protocols'] == ['kadid', 'tid2013', 'pipal', 'live', 'csiq', 'pieapp', 'pieapp_2afc']
   for spec in ('gmsd', 'psnr'):
-    for protocol in ('kadid', 'tid2013', 'pipal', 'live'):
+    cell = summary['results'][spec]['pieapp_2afc']['test']
+    assert cell['n'] == 64 and 0.6 < cell['score'] <= 1.0
+    for protocol in ('kadid', 'tid2013', 'pipal', 'live', 'csiq', 'pieapp'):
       cells = summary['results'][spec][protocol]
       assert set(cells) == {'SRCC', 'KRCC', 'PLCC'}
       for cell in cells.values():

@@ -9,6 +9,9 @@
 - `read_safetensors`, `read_npz`: {name: array} of a .safetensors / .npz (plain numeric arrays only: object arrays
   are refused, allow_pickle=False; `load_npz`, the .npz reader they and the data loaders share, says what a file that
   is no .npz is: text, a single .npy, a cut archive); `read_torch`: a PyTorch state dict through visim_jax.core.safe_pickle (no code runs).
+- `xlsx_rows`: the cell texts of one sheet of an Office Open XML workbook (.xlsx), read with the standard library
+  (zipfile + xml: the cell values only, no formulas evaluated, no macros, no third-party reader); a file that is no
+  .xlsx or lacks the sheet fails naming the file.
 Missing files raise FileNotFoundError (reported in one line by errors.run). Images: data/images.py (ImageError).
 """
 from __future__ import annotations
@@ -82,6 +85,68 @@ def csv_table(path: str, columns, what: str = 'CSV file') -> tuple[list[str], li
       raise UserError(f'{path}:line {n}: {len(r)} field(s), the header has {len(header)}; missing {short}')
     out.append((n, {c: r[i] for c, i in where.items()}))
   return header, out
+
+
+_XLSX = '{http://schemas.openxmlformats.org/spreadsheetml/2006/main}'
+_XLSX_REL = '{http://schemas.openxmlformats.org/officeDocument/2006/relationships}id'
+
+
+def _column(ref: str) -> int:
+  n = 0
+  for ch in ref:
+    if not ch.isalpha():
+      break
+    n = n * 26 + ord(ch.upper()) - 64
+  return n - 1
+
+
+def xlsx_rows(path: str, sheet: str | None = None,
+              what: str = 'spreadsheet') -> tuple[str, list[tuple[int, list[str]]]]:
+  """(sheet name, [(1-based row number, cell texts)]) of `sheet` (None: the first) of an .xlsx. Shared and inline
+  strings are read as text, numbers as written (an integral number without its '.0'), empty cells as ''."""
+  import posixpath  # pylint: disable=g-import-not-at-top
+  import zipfile  # pylint: disable=g-import-not-at-top
+  from xml.etree import ElementTree  # pylint: disable=g-import-not-at-top
+  path = os.fspath(path)
+  try:
+    with zipfile.ZipFile(path) as z:
+      names = set(z.namelist())
+      read = lambda n: ElementTree.fromstring(z.read(n))  # noqa: E731
+      book = read('xl/workbook.xml')
+      rels = {r.get('Id'): r.get('Target') for r in read('xl/_rels/workbook.xml.rels')}
+      sheets = [(e.get('name'), rels.get(e.get(_XLSX_REL), '')) for e in book.iter(f'{_XLSX}sheet')]
+      if not sheets:
+        raise UserError(f'{path}: {what} has no sheet')
+      chosen = [s for s in sheets if sheet is None or s[0] == sheet][:1]
+      if not chosen:
+        raise UserError(f'{path}: {what} has no sheet {sheet!r} (has {", ".join(s[0] for s in sheets)})')
+      name, target = chosen[0]
+      target = target.lstrip('/') if target.startswith('/') else posixpath.normpath(posixpath.join('xl', target))
+      shared = []
+      if 'xl/sharedStrings.xml' in names:
+        shared = [''.join(t.text or '' for t in si.iter(f'{_XLSX}t')) for si in read('xl/sharedStrings.xml')]
+      out = []
+      for k, row in enumerate(read(target).iter(f'{_XLSX}row'), start=1):
+        cells = {}
+        for j, c in enumerate(row.iter(f'{_XLSX}c')):
+          ref, kind, v = c.get('r', ''), c.get('t', 'n'), c.find(f'{_XLSX}v')
+          text = v.text if v is not None and v.text is not None else ''
+          if kind == 's' and text:
+            text = shared[int(text)]
+          elif kind == 'inlineStr':
+            text = ''.join(t.text or '' for t in c.iter(f'{_XLSX}t'))
+          elif kind == 'n' and text:
+            f = float(text)
+            text = str(int(f)) if f.is_integer() and abs(f) < 2**53 else text
+          cells[_column(ref) if ref else j] = text
+        out.append((int(row.get('r', k)), [cells.get(i, '') for i in range(max(cells) + 1)] if cells else []))
+      return name, out
+  except UserError:
+    raise
+  except (zipfile.BadZipFile, KeyError, ElementTree.ParseError, ValueError, IndexError, OSError) as e:
+    if isinstance(e, FileNotFoundError):
+      raise
+    raise UserError(f'{path}: not a readable .xlsx {what} ({type(e).__name__}: {_short(e, 120)})') from None
 
 
 def to_int(text: str, where: str, lo: int | None = None, hi: int | None = None, what: str = 'value') -> int:

@@ -39,6 +39,36 @@ databaserelease2/dmos_realigned.mat         dmos_new, orgs (the realigned DMOS; 
 DMOS: HIGHER = WORSE (negated here); rows with orgs = 1 (the references themselves) are left out, as the papers do.
 The .mat files are read by scipy.io.loadmat (MATLAB arrays, no code), a missing variable or a count that does not
 match the image folders is one line naming the file.
+
+CSIQ (Larson & Chandler 2010, "Most apparent distortion"; the release of the CSIQ database, as DBCNN's / DeepQA's
+loaders and pyiqa's meta_info_CSIQDataset.csv name its files):
+```
+csiq/csiq.DMOS.xlsx          sheet all_by_image (else the first sheet with the header): a header row holding
+                             image, dst_idx, dst_type, dst_lev, dmos (dmos_std read, not used); 866 rows
+csiq/src_imgs/1600.png       the 30 references, <image>.png
+csiq/dst_imgs/awgn/1600.AWGN.1.png    dst_imgs/<folder>/<image>.<TYPE>.<dst_lev>.png, dst_idx 1..6 = awgn (AWGN),
+                             jpeg (JPEG), jpeg2000 (jpeg2000), fnoise (fnoise), blur (BLUR), contrast (contrast);
+                             matched case-insensitively (copies of the release differ in case)
+```
+The DMOS ships only as that .xlsx: it is read with the standard library (core/readers.xlsx_rows: zipfile + xml, the
+cell values only), so the published file is used as downloaded, with no third-party spreadsheet reader and no
+hand-exported CSV whose columns could drift. DMOS 0..1, HIGHER = WORSE (negated here).
+
+PieAPP (Prashnani et al. 2018; all_data_PieAPP_dataset_CVPR_2018.zip, its dataset_README.md):
+```
+PieAPP/reference_images/test/ref_0001.png
+PieAPP/distorted_images/test/ref_0001/distort_0001_<type>_<inter|intra>_<id>.png
+PieAPP/labels/test/ref_0001_per_image_score.csv   header row; columns: reference, distorted image, score
+PieAPP/labels/test/ref_0001_pairwise_labels.csv   header row; columns: reference, image A, image B, the
+                                                  fraction of 40 observers who found A closer to the reference
+```
+Read from the test split, the only one whose every pair was judged by 40 observers (train / val hold ML-estimated
+probabilities) and the only one with per-image scores. (a) `load_pieapp`: a quality set from the per-image scores
+(the MAP Bradley-Terry estimate of each image's dissimilarity to its reference: HIGHER = WORSE, negated here; the
+reference's own row, score 0 by construction, left out), as pyiqa scores PieAPP. (b) `load_pieapp_2afc`: a 2AFC set
+(data/judgements.TwoAFCSet: p0 = A, p1 = B, judge = 1 - P(A closer)) from the pairwise files, every pair as
+published (a pair where A is the reference itself, which the test split includes, is kept); an image named ref_*
+is read from reference_images/test/, any other from distorted_images/test/<reference>/.
 """
 from __future__ import annotations
 
@@ -204,4 +234,144 @@ def load_live(root: str) -> QualitySet:
   return QualitySet('live', refs, dists, -np.asarray(dmos, np.float64)[keep], False)
 
 
-LOADERS = {'kadid': load_kadid, 'tid2013': load_tid2013, 'pipal': load_pipal, 'live': load_live}
+CSIQ_TYPES = {1: ('awgn', 'AWGN'), 2: ('jpeg', 'JPEG'), 3: ('jpeg2000', 'jpeg2000'), 4: ('fnoise', 'fnoise'),
+              5: ('blur', 'BLUR'), 6: ('contrast', 'contrast')}   # dst_idx: (folder, file-name token)
+CSIQ_XLSX = 'csiq.DMOS.xlsx'
+CSIQ_COLUMNS = ('image', 'dst_idx', 'dst_lev', 'dmos')
+
+
+def _csiq_table(xlsx: str) -> list[tuple[str, dict[str, str]]]:
+  """[(where, {column: text})] of the DMOS sheet: all_by_image if the workbook has it, else its first sheet."""
+  try:
+    name, rows = readers.xlsx_rows(xlsx, 'all_by_image', 'CSIQ DMOS workbook')
+  except UserError as e:
+    if 'no sheet' not in str(e):
+      raise
+    name, rows = readers.xlsx_rows(xlsx, None, 'CSIQ DMOS workbook')
+  for k, (line, cells) in enumerate(rows):
+    header = [c.strip().lower() for c in cells]
+    if all(c in header for c in CSIQ_COLUMNS):
+      at = {c: header.index(c) for c in CSIQ_COLUMNS}
+      out = []
+      for n, r in rows[k + 1:]:
+        if not any(c.strip() for c in r):
+          continue
+        where = f'{xlsx}:sheet {name} row {n}'
+        if len(r) <= max(at.values()):
+          raise UserError(f'{where}: {len(r)} cell(s); the header names {", ".join(CSIQ_COLUMNS)}')
+        out.append((where, {c: r[i].strip() for c, i in at.items()}))
+      return out
+  raise UserError(f'{xlsx}: sheet {name} has no header row with {", ".join(CSIQ_COLUMNS)}')
+
+
+def load_csiq(root: str) -> QualitySet:
+  """CSIQ under `root` (csiq.DMOS.xlsx, src_imgs/, dst_imgs/<type>/)."""
+  xlsx = os.path.join(root, CSIQ_XLSX)
+  if not os.path.isfile(xlsx):
+    raise UserError(f'{xlsx}: CSIQ {CSIQ_XLSX} not found (expected csiq.DMOS.xlsx, src_imgs/ and dst_imgs/ of the '
+                    'CSIQ release)')
+  refs_of = _refs_by_stem(os.path.join(root, 'src_imgs'), 'CSIQ src_imgs')
+  listing = {}
+  refs, dists, mos = [], [], []
+  for where, row in _csiq_table(xlsx):
+    t = readers.to_int(row['dst_idx'], where, 1, 6, 'dst_idx')
+    lev = readers.to_int(row['dst_lev'], where, 1, 99, 'dst_lev')
+    image = row['image']
+    folder, token = CSIQ_TYPES[t]
+    d = os.path.join(root, 'dst_imgs', folder)
+    if folder not in listing:
+      listing[folder] = ({n.lower(): n for n in os.listdir(d)} if os.path.isdir(d) else {})
+    want = f'{image}.{token}.{lev}.png'
+    if want.lower() not in listing[folder]:
+      raise UserError(f'{where}: {os.path.join(d, want)}: CSIQ image not found')
+    if image.lower() not in refs_of:
+      raise UserError(f'{where}: no reference {image}.png in {os.path.join(root, "src_imgs")}')
+    dists.append(os.path.join(d, listing[folder][want.lower()]))
+    refs.append(refs_of[image.lower()])
+    mos.append(_number(row['dmos'], where, 'dmos'))
+  if not dists:
+    raise UserError(f'{xlsx}: no rows under the header')
+  check_files(refs + dists, 'CSIQ image')
+  return QualitySet('csiq', refs, dists, -np.asarray(mos, np.float64), False)
+
+
+PIEAPP_SPLIT = 'test'
+
+
+def _pieapp_files(root: str, suffix: str) -> list[str]:
+  labels = os.path.join(root, 'labels', PIEAPP_SPLIT)
+  if not os.path.isdir(labels):
+    raise UserError(f'{labels}: PieAPP labels/test folder not found (expected reference_images/, distorted_images/ '
+                    'and labels/ of all_data_PieAPP_dataset_CVPR_2018)')
+  files = sorted(n for n in os.listdir(labels) if n.endswith(suffix))
+  if not files:
+    raise UserError(f'{labels}: no ref_<n>{suffix} files')
+  return [os.path.join(labels, n) for n in files]
+
+
+def _pieapp_rows(path: str, columns: int, what: str):
+  """[(where, fields)] of a PieAPP label file (its header row skipped), each with at least `columns` fields."""
+  out = []
+  for line, r in readers.csv_rows(path, what)[1:]:
+    if not any(c.strip() for c in r):
+      continue
+    where = f'{path}:line {line}'
+    if len(r) < columns:
+      raise UserError(f'{where}: {len(r)} field(s), a PieAPP {what} row has {columns}')
+    out.append((where, [c.strip() for c in r]))
+  return out
+
+
+class _PieAPPImages:
+  """The image of a name in a reference's label file: ref_* in reference_images/test/, else its distorted folder."""
+
+  def __init__(self, root: str):
+    self.refs = resolve.Root(os.path.join(root, 'reference_images', PIEAPP_SPLIT)).inside
+    self.dists = resolve.Root(os.path.join(root, 'distorted_images', PIEAPP_SPLIT)).inside
+
+  def __call__(self, name: str, ref: str, where: str, column: str) -> str:
+    if name.startswith('ref_'):
+      return self.refs(name, where, column)
+    return self.dists(f'{os.path.splitext(ref)[0]}/{name}', where, column)
+
+
+def load_pieapp(root: str) -> QualitySet:
+  """PieAPP's test split as a quality set: labels/test/*_per_image_score.csv (module docstring)."""
+  image = _PieAPPImages(root)
+  refs, dists, mos = [], [], []
+  for path in _pieapp_files(root, '_per_image_score.csv'):
+    for where, r in _pieapp_rows(path, 3, 'per-image score file'):
+      if r[1] == r[0]:
+        continue   # the reference's own row (score 0 by construction)
+      refs.append(image(r[0], r[0], where, 'reference'))
+      dists.append(image(r[1], r[0], where, 'distorted image'))
+      mos.append(_number(r[2], where, 'score'))
+  if not dists:
+    raise UserError(f'{os.path.join(root, "labels", PIEAPP_SPLIT)}: no per-image score rows')
+  check_files(refs + dists, 'PieAPP image')
+  return QualitySet('pieapp', refs, dists, -np.asarray(mos, np.float64), False)
+
+
+def load_pieapp_2afc(root: str):
+  """PieAPP's test split as 2AFC triplets: labels/test/*_pairwise_labels.csv (module docstring)."""
+  from visim_jax.data.judgements import TwoAFCSet  # pylint: disable=g-import-not-at-top
+  image = _PieAPPImages(root)
+  ref, p0, p1, judge, ids = [], [], [], [], []
+  for path in _pieapp_files(root, '_pairwise_labels.csv'):
+    for where, r in _pieapp_rows(path, 4, 'pairwise label file'):
+      p = _number(r[3], where, 'probability of preference for A')
+      if not 0.0 <= p <= 1.0:
+        raise UserError(f'{where}: the probability of preference for A is {r[3]}, not in [0, 1]')
+      ref.append(image(r[0], r[0], where, 'reference'))
+      p0.append(image(r[1], r[0], where, 'image A'))
+      p1.append(image(r[2], r[0], where, 'image B'))
+      judge.append(1.0 - p)
+      ids.append(f'{os.path.basename(path)}:{where.rsplit(":", 1)[1]}')
+  if not ref:
+    raise UserError(f'{os.path.join(root, "labels", PIEAPP_SPLIT)}: no pairwise label rows')
+  check_files(list(dict.fromkeys(ref + p0 + p1)), 'PieAPP image')
+  return TwoAFCSet('pieapp', ref, p0, p1, np.asarray(judge, np.float32), ids)
+
+
+LOADERS = {'kadid': load_kadid, 'tid2013': load_tid2013, 'pipal': load_pipal, 'live': load_live, 'csiq': load_csiq,
+           'pieapp': load_pieapp}

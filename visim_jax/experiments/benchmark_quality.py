@@ -8,6 +8,10 @@ logistic, metrics/quality.py) of a model's quality -distance(reference, distorte
   tid2013_dir    TID2013: mos_with_names.txt + *_images/     tid2013
   pipal_dir      PIPAL (train): Train_Label/ + Train_Dis/ + Train_Ref/   pipal
   live_dir       LIVE Release 2: 5 folders + refimgs/ + .mat files       live
+  csiq_dir       CSIQ: csiq.DMOS.xlsx + src_imgs/ + dst_imgs/            csiq
+  pieapp_dir     PieAPP (test split): labels/test/*_per_image_score.csv  pieapp
+                 and its *_pairwise_labels.csv as 2AFC triplets          pieapp_2afc (subset test: the 2AFC score
+                 with the human fraction, metrics/human.py, as NIGHTS and BAPPS are scored)
 
 Image models (the full-reference metrics, LPIPS, DISTS: `Similarity.preprocess is None`) compare each pair at its
 native size, as the IQA papers and piq / pyiqa do (pairs of one size batched together, `pair_batch` at most
@@ -17,9 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from visim_jax.experiments.benchmark_tasks import Task, ScoreOptions, _ci, _index, _pairs
+from visim_jax.experiments.benchmark_tasks import Task, ScoreOptions, _ci, _index, _pairs, twoafc_task
 
-QUALITY_FIELDS = {'kadid_dir': 'kadid', 'tid2013_dir': 'tid2013', 'pipal_dir': 'pipal', 'live_dir': 'live'}
+QUALITY_FIELDS = {'kadid_dir': 'kadid', 'tid2013_dir': 'tid2013', 'pipal_dir': 'pipal', 'live_dir': 'live',
+                  'csiq_dir': 'csiq', 'pieapp_dir': 'pieapp'}
 NATIVE_BATCH = 8
 
 
@@ -80,4 +85,7 @@ def protocols(config) -> dict[str, list[Task]]:
     folder = config.get(field, '')
     if folder:
       out[protocol] = [quality_task(protocol, quality_data.LOADERS[protocol](folder))]
+      if protocol == 'pieapp':   # the same folder's pairwise labels: a 2AFC column group
+        out['pieapp_2afc'] = [twoafc_task('pieapp_2afc', quality_data.PIEAPP_SPLIT,
+                                          quality_data.load_pieapp_2afc(folder))]
   return out

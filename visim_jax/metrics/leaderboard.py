@@ -184,8 +184,10 @@ def markdown(board: Board, published: bool = True, note: str = '') -> str:
             'bold: significantly better than every other model of its column. 2AFC: agreement with the human '
             'fraction (LPIPS / DreamSim rule); loglik: mean log-likelihood of the human fractions given the '
             'model\'s distances (Hepburn et al.); JND: average precision; THINGS: odd-one-out accuracy; TLL: aR@k; '
-            'CoSIS: 2AFC accuracy; quality sets (kadid, tid2013, pipal, live): Spearman / Kendall / Pearson (after the '
-            'five-parameter logistic) correlation of -distance with the opinion scores. `degenerate: <reason>`: no score (all distances tied or not finite, or labels '
+            'CoSIS: 2AFC accuracy; quality sets (kadid, tid2013, pipal, live, csiq, pieapp): Spearman / Kendall / '
+            'Pearson (after the five-parameter logistic) correlation of -distance with the opinion scores '
+            '(pieapp_2afc: the 2AFC rule on PieAPP\'s pairs). `degenerate: <reason>`: no score (all distances tied or '
+            'not finite, or labels '
             'that give every model the same score); never bold, never ranked.']
   others = [r for r in board.published if r['spec'] not in board.models]
   if others and published:

@@ -11,7 +11,9 @@ scores (KADID-10k, TID2013, PIPAL, CSIQ, LIVE, PieAPP).
                       commonly report PLCC after. Why: PLCC asks for linearity, and a metric's scale is nonlinear
                       in MOS; the logistic removes that monotone nonlinearity (as SRCC does by ranks) so PLCC
                       measures the scatter around it, comparable with those papers' tables. (pyiqa's benchmark
-                      fits a four-parameter logistic instead; the two were not compared here.)
+                      table reports the linear PLCC, no mapping: benchmark_results.py calls calculate_plcc
+                      without fit_scale, docs/benchmark.rst "PLCC without any correction"; so its PLCC
+                      values are not stored beside ours, its SRCC / KRCC are.)
                       Start: b = (max MOS - min MOS, 1 / std(q), mean(q), 0, mean(MOS)); if the fit does not
                       converge, the linear PLCC (no mapping) is reported and the cell says so.
   quality = -distance for the zoo's distances (smaller = more similar) and MOS oriented so higher = better: a good

@@ -40,13 +40,19 @@ def table1() -> dict[str, dict]:
 
 
 # human_judgements.csv: published scores on the human-judgement protocols, one row a (protocol, subset, model),
-# each with its source. Columns: protocol (nights | bapps_2afc | bapps_jnd | things), subset (the leaderboard's:
+# each with its source. Columns: protocol (nights | bapps_2afc | bapps_jnd | things | the quality sets),
+# subset (the leaderboard's:
 # a NIGHTS split, a BAPPS set...), model (as the source names it), spec (our config.models spec of the same
 # model and weights, '' when we have none: the row is listed under "published", not beside one of ours), score
 # (a fraction), source. NIGHTS: the DreamSim README's "updated NIGHTS performance table" (DreamSim models tuned
 # on NIGHTS train; val and test 2AFC); `cosine:dreamsim_*` are the same models (backbones/dreamsim.py: DreamSim's
 # distance is 1 - cos of its embedding; the patch models' embedding is cat(CLS, mean patch token)).
 # `nights@linf:4/255` / `nights@l2:3`: attacked 2AFC accuracy (docs/robustness.md), from Croce et al.'s README table.
+# csiq / live / tid2013 (the quality protocol, subset SRCC | KRCC): pyiqa's FR benchmark table (docs/metrics.md says
+# which of its models are ours: psnr, fsim, lpips:alex, lpips:vgg, dists); its PLCC is linear, ours after the
+# five-parameter logistic (metrics/quality.py), so its PLCC is not stored. tid2013 / kadid / pipal SRCC: piq's
+# README benchmark table, its PIQ column (piq's code = our default variants: `spec` set) and its Reference column
+# (the metrics' papers and surveys as piq cites them, two decimals: `spec` '').
 
 @functools.lru_cache(maxsize=None)
 def _human() -> tuple[dict, ...]:

@@ -25,7 +25,8 @@ class Metric:
 
 
 METRICS = {
-    'fsim': Metric(fsim.fsim, {'piq': fsim.FSIMOptions(), 'grey': fsim.FSIMOptions(chromatic=False)}, True),
+    'fsim': Metric(fsim.fsim, {'piq': fsim.FSIMOptions(), 'grey': fsim.FSIMOptions(chromatic=False),
+                               'paper': fsim.FSIMOptions(matlab=True)}, True),
     'gmsd': Metric(gmsd.gmsd, {'piq': gmsd.GMSDOptions(), 'paper': gmsd.GMSDOptions(ddof=1)}, False),
     'ms_gmsd': Metric(gmsd.ms_gmsd, {'piq': gmsd.MSGMSDOptions(), 'chromatic': gmsd.MSGMSDOptions(chromatic=True)},
                       False),

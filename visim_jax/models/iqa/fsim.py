@@ -4,6 +4,13 @@ similar (1: identical). As piq 0.8.0 `fsim`: 0..255 values average-pooled by f =
 (the authors' FeatureSIM.m does the same with a box filter and subsampling), Y of YIQ for the structure terms;
 FSIMc (chromatic, the default as in piq) multiplies by |S_I S_Q|^0.03. The phase congruency follows piq's port of
 Kovesi's phasecong2 (noise threshold from the median of the finest scale's energy, k = 2, divided by 1.7).
+`matlab=True` (the `fsim:paper` variant): the authors' FeatureSIM.m where piq departs from it: its YIQ coefficients
+(I = 0.596 R - 0.274 G - 0.322 B, Q = 0.211 R - 0.523 G + 0.312 B; piq: 0.5959 / -0.2746 / -0.3213, 0.2115 / -0.5227
+/ 0.3112), MATLAB's round for f, and its downsampling (`conv2(., fspecial('average', F), 'same')` then every F-th
+pixel from the first: windows centred as conv2 centres them, ceil(H / F) samples; piq's `avg_pool2d(F)` starts its
+windows at 0 and drops a partial last one), and its colour factor `real((S_I .* S_Q) .^ 0.03)` where piq takes
+|S_I S_Q|^0.03 (they differ where the chroma of the two images have opposite signs). On images under 384 px only the
+YIQ coefficients and the colour factor differ.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ class FSIMOptions:
   sigma_f: float = 0.55
   delta_theta: float = 1.2
   k: float = 2.0
+  matlab: bool = False          # True: FeatureSIM.m's YIQ, round, downsampling, colour factor (`fsim:paper`)
 
 
 def meshgrid(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
@@ -94,12 +102,23 @@ def phase_congruency(x, filters: np.ndarray, opts: FSIMOptions):
   return (energy.sum(1) + eps) / (an.sum(axis=(1, 2)) + eps)
 
 
+def chroma_term(p, matlab: bool = False, lam: float = 0.03):
+  """FSIMc's colour factor of S_I S_Q = p: piq's |p|^lambda, or FeatureSIM.m's `real(p .^ lambda)` (a negative p,
+  opposite chroma signs, gives |p|^lambda cos(pi lambda): MATLAB's principal power)."""
+  r = jnp.abs(p) ** lam
+  return jnp.where(p < 0, r * math.cos(math.pi * lam), r) if matlab else r
+
+
 @functools.partial(cpu_kernels.jit, static_argnums=2)
 def fsim(x, y, opts: FSIMOptions = FSIMOptions()):
   """(N,) FSIM(c) of float [0, 1] NHWC RGB batches (HIGHER = more similar)."""
   a, b = ops.unit(x) * 255.0, ops.unit(y) * 255.0
-  f = ops.wang_factor(a.shape[1], a.shape[2])
-  a, b = ops.mix(ops.avg_pool(a, f), ops.YIQ), ops.mix(ops.avg_pool(b, f), ops.YIQ)
+  if opts.matlab:
+    f = ops.matlab_factor(a.shape[1], a.shape[2])
+    a, b = (ops.mix(ops.box_same_down(t, f), ops.YIQ_MATLAB) for t in (a, b))
+  else:
+    f = ops.wang_factor(a.shape[1], a.shape[2])
+    a, b = ops.mix(ops.avg_pool(a, f), ops.YIQ), ops.mix(ops.avg_pool(b, f), ops.YIQ)
   filters = log_gabor_bank(a.shape[1], a.shape[2], opts)
   pc_a, pc_b = phase_congruency(a[..., 0], filters, opts), phase_congruency(b[..., 0], filters, opts)
   pc = ops.similarity_map(pc_a, pc_b, 0.85)
@@ -109,5 +128,5 @@ def fsim(x, y, opts: FSIMOptions = FSIMOptions()):
   if opts.chromatic:
     s_i = ops.similarity_map(a[..., 1], b[..., 1], 200.0)
     s_q = ops.similarity_map(a[..., 2], b[..., 2], 200.0)
-    score = score * jnp.abs(s_i * s_q) ** 0.03
+    score = score * chroma_term(s_i * s_q, opts.matlab)
   return score.sum(axis=(1, 2)) / pc_max.sum(axis=(1, 2))

@@ -41,10 +41,7 @@ def _cpow(re, im, e: float):
 
 def pool_wang_zero(x):
   """Zero-pad ((f - 1) // 2, f // 2) and average-pool by f = max(1, round(min(H, W) / 256)) (piq's MDSI, SR-SIM)."""
-  f = ops.wang_factor(x.shape[1], x.shape[2])
-  if f // 2:
-    x = ops.pad(x, (f - 1) // 2, f // 2, (f - 1) // 2, f // 2)
-  return ops.avg_pool(x, f)
+  return ops.box_same_down(x, ops.wang_factor(x.shape[1], x.shape[2]))
 
 
 @functools.partial(cpu_kernels.jit, static_argnums=2)

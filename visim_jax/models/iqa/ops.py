@@ -19,6 +19,7 @@ from visim_jax.core.errors import UserError
 
 EPS32 = float(np.finfo(np.float32).eps)
 YIQ = np.array([[0.299, 0.587, 0.114], [0.5959, -0.2746, -0.3213], [0.2115, -0.5227, 0.3112]])
+YIQ_MATLAB = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])   # FeatureSIM.m
 LHM = np.array([[0.2989, 0.587, 0.114], [0.3, 0.04, -0.35], [0.34, -0.6, 0.17]])     # MDSI (Nafchi et al. 2016)
 LMN = np.array([[0.06, 0.63, 0.27], [0.30, 0.04, -0.35], [0.34, -0.6, 0.17]])       # VSI (Zhang et al. 2014)
 _XYZ = np.array([[0.4124564, 0.3575761, 0.1804375], [0.2126729, 0.7151522, 0.0721750],
@@ -99,6 +100,20 @@ def halve(x: jax.Array) -> jax.Array:
 def wang_factor(h: int, w: int) -> int:
   """max(1, round(min(H, W) / 256)): the downsampling factor of Wang's ssim.m that piq applies (Python's round)."""
   return max(1, round(min(h, w) / 256))
+
+
+def matlab_factor(h: int, w: int) -> int:
+  """The same factor with MATLAB's round (halves away from zero: 640 px -> 3, where Python's round gives 2)."""
+  return max(1, int(math.floor(min(h, w) / 256 + 0.5)))
+
+
+def box_same_down(x: jax.Array, f: int) -> jax.Array:
+  """MATLAB's `conv2(x, fspecial('average', f), 'same')` then `x(1:f:end, 1:f:end)` on (N, H, W, ...) maps: the
+  sample at p averages p - (f - 1) // 2 .. p + f // 2 with zeros outside, ceil(H / f) samples = zero-pad
+  ((f - 1) // 2, f // 2) and average-pool by f (piq's MDSI / SR-SIM rule is this one)."""
+  if f // 2:
+    x = pad(x, (f - 1) // 2, f // 2, (f - 1) // 2, f // 2)
+  return avg_pool(x, f)
 
 
 def gradient_map(x: jax.Array, kernel=PREWITT) -> jax.Array:
