@@ -92,6 +92,11 @@ def _apply_at(apply_fn, n: int):
   return functools.partial(apply_fn.func, *args, **apply_fn.keywords) if changed else None
 
 
+def has_position_embeddings(backbone: Backbone) -> bool:
+  """Whether the tower has `pos_embed` leaves `at_image_size` interpolates (a ViT; CNNs have none)."""
+  return bool(_pos_leaves(backbone.variables))
+
+
 def is_vit(backbone: Backbone) -> bool:
   """Whether the tower is backbones/vit.py's network (its Attention honours vit.key_weights: the library's masks)."""
   return _apply_at(backbone.apply_fn, backbone.preprocess.size) is not None
