@@ -436,15 +436,16 @@ for model, name in models:
 print(report.table(rows, ['model', 'd(start, photo)', f'd after {STEPS} steps', 'PSNR start', 'PSNR after']))'''),
       md('## Start, optimised, target and the loss curves'),
       code('''import matplotlib.pyplot as plt
-fig, ax = plt.subplots(len(results), 4, figsize=(12, 3 * len(results)), squeeze=False)
+fig, ax = plt.subplots(len(results), 4, figsize=(13, 3.2 * len(results)), squeeze=False,
+                       gridspec_kw={'wspace': 0.35, 'hspace': 0.4})
 for row, (name, x0, x, target, curve) in zip(ax, results):
-    for axis, img, title in zip(row, (x0, x, target), ('start', 'optimised', 'target')):
+    for axis, img, title in zip(row, (x0, x, target), (f'{name}\\nstart', 'optimised', 'target')):
         axis.imshow(img)
-        axis.set_title(f'{title}: {name}', fontsize=8)
+        axis.set_title(title, fontsize=8)
         axis.axis('off')
     row[3].plot(curve)
     row[3].set_xlabel('step')
-    row[3].set_ylabel('distance to the target')
+    row[3].set_title('distance to the target', fontsize=8)
 os.makedirs(os.path.join(WORKDIR, 'plots'), exist_ok=True)
 fig.savefig(os.path.join(WORKDIR, 'plots', 'loss.png'), dpi=72, bbox_inches='tight')
 plt.close(fig)
