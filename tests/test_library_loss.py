@@ -1,6 +1,6 @@
 """Issue 46, "as a loss": the gradient of a model's distance with respect to the image (what colabs/loss.ipynb and
-docs/library.md "As a loss" descend) equals central finite differences, for DISTS and DreamSim's ensemble (tiny
-random-weight towers: the same code paths as the real weights). LPIPS's is tests/test_api.py's
+docs/library.md "As a loss" descend) equals central finite differences, for DISTS and DreamSim (its single-branch DINO
+model; tiny random-weight towers: the same code paths as the real weights). LPIPS's is tests/test_api.py's
 test_lpips_gradient_matches_finite_differences (the packaged weights, a direction over the whole image).
 
 The models compute in float32 (lpips.as_unit_range, dists and the ViT modules cast their inputs), so the check is
@@ -18,7 +18,7 @@ import visim_jax as vj
 F32 = float(np.finfo(np.float32).eps)
 
 
-@pytest.mark.parametrize('spec,size', [('dists:vgg:tiny', 16), ('cosine:dreamsim_ensemble:tiny', None)])
+@pytest.mark.parametrize('spec,size', [('dists:vgg:tiny', 16), ('cosine:dreamsim_dino_vitb16:tiny', None)])
 def test_image_gradient_matches_finite_differences(spec, size):
   model = vj.load(spec, fetch=False)
   size = model.image_size or size
