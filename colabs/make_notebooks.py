@@ -362,6 +362,97 @@ print('LPIPS to b after gradient steps:', round(float(loss(x)), 4), '(from', rou
   ])
 
 
+def loss():
+  return notebook('loss', [
+      md('''# A similarity metric as a loss: an image optimised under LPIPS, DISTS and DreamSim
+
+Every `vj.load(spec)` model has a pure, differentiable `apply_distance(params, x0, x1)` on float NHWC images in
+[0, 1]. Here a degraded copy of a photo is moved towards the original by Adam on its pixels, in one jitted step per
+model (params, image, target and optimiser state are the step's arguments: nothing large is baked into the
+program), projected back into [0, 1] after each step. LPIPS-alex ships with the package; DISTS reads its 20 kB of
+learned weights once (`python -m visim_jax.fetch dists`); DreamSim's ensemble downloads its checkpoint on first use.
+Offline without them (and in the notebook test, `VISIM_NOTEBOOK_SMALL=1`) a tiny random-weight tower of the same
+code stands in and the table says so: its numbers show the mechanics, not DreamSim. The gradients are checked
+against finite differences in `tests/test_library_loss.py`. Docs: `docs/library.md` ("As a loss").'''),
+      code(SETUP),
+      code(COMMON.format(name='loss')),
+      md('## The models'),
+      code('''import numpy as np
+import jax.numpy as jnp
+import optax
+from PIL import Image as PILImage, ImageFilter
+from skimage import data
+import visim_jax as vj
+from visim_jax.core.errors import UserError
+
+def load_or_stand_in(spec, stand_in, try_real=True):
+    \"\"\"vj.load(spec), or a tiny random-weight model of the same code when its weights cannot be had here.\"\"\"
+    if try_real:
+        try:
+            return vj.load(spec), spec
+        except UserError as e:
+            print(f'{spec}: {e}')
+    print(f'{spec}: using {stand_in} (random weights: the mechanics only, not the model)')
+    return vj.load(stand_in, fetch=False), f'{stand_in} (random stand-in)'
+
+models = [(vj.load('lpips:alex'), 'lpips:alex'),
+          load_or_stand_in('dists', 'dists:vgg:tiny'),
+          load_or_stand_in('dreamsim', 'cosine:dreamsim_ensemble:tiny', try_real=not SMALL)]
+for m, name in models:
+    print(f'{name:45s}', m.input_spec)'''),
+      md('''## The photo and its degraded copy
+Blurred and noisy; each model reads it at its own input size (`model.preprocess`: DreamSim's 224, the others the
+size given).'''),
+      code('''SIZE = 64 if SMALL else 128
+photo = PILImage.fromarray(data.astronaut()).resize((SIZE, SIZE), PILImage.BICUBIC)
+rng = np.random.default_rng(0)
+blurred = np.asarray(photo.filter(ImageFilter.GaussianBlur(3)), np.float32)
+start = PILImage.fromarray(np.clip(blurred + rng.normal(0, 20, blurred.shape), 0, 255).astype(np.uint8))'''),
+      md('## One jitted Adam step per model'),
+      code('''def optimise(model, target, x, steps, lr):
+    opt = optax.adam(lr)
+
+    @jax.jit
+    def step(params, x, target, state):
+        d, g = jax.value_and_grad(lambda y: model.apply_distance(params, y, target).sum())(x)
+        updates, state = opt.update(g, state)
+        return jnp.clip(optax.apply_updates(x, updates), 0.0, 1.0), state, d
+
+    state, curve = opt.init(x), []
+    for i in range(steps + 1):   # the last call only measures: curve[-1] = d(x after `steps` steps, target)
+        moved, state, d = step(model.params, x, target, state)
+        curve.append(float(d))
+        x = moved if i < steps else x
+    return x, curve
+
+STEPS = 10 if SMALL else 150
+rows, results = [], []
+for model, name in models:
+    target, x0 = jnp.asarray(model.preprocess(photo)), jnp.asarray(model.preprocess(start))
+    x, curve = optimise(model, target, x0, STEPS, lr=0.01)
+    psnr = lambda a: float(10 * jnp.log10(1.0 / jnp.mean((a - target) ** 2)))
+    rows.append([name, curve[0], curve[-1], psnr(x0), psnr(x)])
+    results.append((name, np.asarray(x0[0]), np.asarray(x[0]), np.asarray(target[0]), curve))
+print(report.table(rows, ['model', 'd(start, photo)', f'd after {STEPS} steps', 'PSNR start', 'PSNR after']))'''),
+      md('## Start, optimised, target and the loss curves'),
+      code('''import matplotlib.pyplot as plt
+fig, ax = plt.subplots(len(results), 4, figsize=(13, 3.2 * len(results)), squeeze=False,
+                       gridspec_kw={'wspace': 0.35, 'hspace': 0.4})
+for row, (name, x0, x, target, curve) in zip(ax, results):
+    for axis, img, title in zip(row, (x0, x, target), (f'{name}\\nstart', 'optimised', 'target')):
+        axis.imshow(img)
+        axis.set_title(title, fontsize=8)
+        axis.axis('off')
+    row[3].plot(curve)
+    row[3].set_xlabel('step')
+    row[3].set_title('distance to the target', fontsize=8)
+os.makedirs(os.path.join(WORKDIR, 'plots'), exist_ok=True)
+fig.savefig(os.path.join(WORKDIR, 'plots', 'loss.png'), dpi=72, bbox_inches='tight')
+plt.close(fig)
+show_plots(WORKDIR)'''),
+  ])
+
+
 def leaderboard():
   return notebook('leaderboard', [
       md('''# The leaderboard: similarity models against human judgements
@@ -424,7 +515,7 @@ for png in sorted(glob.glob(os.path.join(WORKDIR, '*.png')) + glob.glob(os.path.
   ])
 
 
-NOTEBOOKS = {'library': library, 'adaptation': adaptation, 'simnet': simnet, 'histograms': histograms,
+NOTEBOOKS = {'library': library, 'loss': loss, 'adaptation': adaptation, 'simnet': simnet, 'histograms': histograms,
              'twoafc': twoafc, 'leaderboard': leaderboard, 'learn_triplets': learn_triplets}
 
 

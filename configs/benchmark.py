@@ -62,6 +62,8 @@ def get_config(arg=None):
   c.image_batch_size = 32
   c.dtype = 'float32'          # backbone compute dtype
   c.cache_dir = ''             # '' = ~/.cache/visim_jax/features
+  c.image_size = 0             # ViT towers' input size: 0 = each model's own (the paper's 224); e.g. 448 interpolates
+                               # the position embeddings (docs/benchmark.md); CNNs and LPIPS keep their size
   c.lpips_size = 0             # LPIPS resolution: 0 = the set's native size (BAPPS 64, as LPIPS; NIGHTS as DreamSim)
   c.pair_batch_size = 256      # pairs per jitted distance call
 

@@ -190,3 +190,28 @@ def test_demo_leaves_dists_out_in_one_line_until_fetched(tmp_path, monkeypatch, 
   assert lines == [benchmark.DISTS_LEFT_OUT] and '`python -m visim_jax.fetch dists`' in lines[0]
   (tmp_path / 'dists.safetensors').write_bytes(b'')   # fetched: the demo ranks it
   assert benchmark.with_demo(c).models == 'lpips:alex,dists,ssim'
+
+
+def test_image_size_reaches_the_vit_tower(tmp_path, human_demo_sets):
+  """config.image_size: the tiny ViT's NIGHTS distances are vj.load(spec, image_size=64)'s on the same files (its
+  position embeddings interpolated from the 32 px grid); a bad size is one line naming the field."""
+  import visim_jax as vj
+  from visim_jax.data import nights
+  from visim_jax.experiments import benchmark
+  c = demo_config(tmp_path, models='cosine:vit:tiny', image_size=64, n_boot=0, bapps_2afc=False,
+                  bapps_jnd=False)
+  c.demo.root = os.path.dirname(human_demo_sets.root)
+  work = str(tmp_path / 'w')
+  summary = main.run(c, work)
+  assert summary['identities']['cosine:vit:tiny']['image_size'] == 64
+  with open(benchmark._record_path(work, 'cosine:vit:tiny', 'nights')) as f:
+    items = json.load(f)['results']['test']['items']
+  s = nights.load(human_demo_sets.nights, 'test')
+  model = vj.load('cosine:vit:tiny', fetch=False, image_size=64)
+  assert model.image_size == 64
+  np.testing.assert_allclose(items['d0'], model.distance(list(s.ref), list(s.p0)), rtol=1e-4, atol=1e-6)
+  for size, match in ((60, 'config.image_size=60: .*multiple of 8'), (8, 'config.image_size=8: .*16..4096')):
+    with pytest.raises(UserError, match=match):
+      main.run(demo_config(tmp_path, models='cosine:vit:tiny', image_size=size), work)
+  with pytest.raises(UserError, match='config.image_size=64: none of the models has a ViT'):
+    main.run(demo_config(tmp_path, models='l1', image_size=64), work)

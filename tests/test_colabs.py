@@ -9,7 +9,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLABS = os.path.join(ROOT, 'colabs')
 # notebook -> the config files it needs
-NOTEBOOKS = {'library': [], 'adaptation': ['demo'], 'simnet': ['simnet_classes', 'simnet_warmup'],
+NOTEBOOKS = {'library': [], 'loss': [], 'adaptation': ['demo'], 'simnet': ['simnet_classes', 'simnet_warmup'],
              'histograms': ['histograms'], 'twoafc': ['twoafc'], 'leaderboard': ['benchmark'],
              'learn_triplets': ['learn_triplets']}
 

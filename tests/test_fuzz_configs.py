@@ -34,7 +34,7 @@ ACCEPTED = {
         'warmup_steps', 'momentum', 'weight_decay', 'hard_fraction', 'delta', 'ensemble.threshold',
         'model.hidden', 'model.triplet_weight', 'ensemble.mlp_alpha', 'n_boot', 'sheet_queries',
         'model.weight_decay', 'knn.k', 'knn.queries', 'pairs.tile', 'pairs.chunk_elems', 'se_replicates',
-        'pairwise_max_classes', 'tfds.max_examples', 'lpips_size', 'nights_min_votes', 'min_val_pairs', 'margin',
+        'pairwise_max_classes', 'tfds.max_examples', 'lpips_size', 'image_size', 'nights_min_votes', 'min_val_pairs', 'margin',
         'min_votes',
         # learn_triplets: Adam's betas may be 0 (no momentum), no warm-up, k-means++ centres without Lloyd steps
         'b1', 'b2', 'warmup', 'synthetic.seed', 'triplets.kmeans_iters',

@@ -179,3 +179,46 @@ def test_distance_command_resize_and_map(tmp_path):
   r = run('--resize=shorter', f'--map={out}')
   assert r.returncode == 0, r.stderr
   assert 'Distance:' in r.stdout and Image.open(out).size == (32, 32)
+
+
+@pytest.fixture(scope='module')
+def run_models(tmp_path_factory):
+  """tuned:<workdir> and adapter:<workdir> on the tiny random ViT, their files written directly as
+  tests/test_peft.py and tests/test_similarity.py write them (random LoRA factors, a random PCA + W head): no training."""
+  from visim_jax.backbones import get_backbone
+  from visim_jax.models import lora
+  from visim_jax.training import adapter_file, tuned_file
+  tmp = tmp_path_factory.mktemp('runs')
+  base = get_backbone('vit', tiny=True)
+  rng = np.random.default_rng(3)
+  cfg = {'r': 2, 'alpha': 4.0, 'dropout': 0.0, 'targets': ('qkv',), 'rslora': False}
+  tree = {k: {'a': np.asarray(v['a']), 'b': rng.normal(0, 0.5, v['b'].shape).astype(np.float32)}
+          for k, v in lora.init(jax.random.PRNGKey(2), base.variables['params'], lora.Config(r=2)).items()}
+  (tmp / 'tune').mkdir()
+  tuned_file.save(str(tmp / 'tune' / 'tuned.npz'), {
+      'backbone': 'vit', 'weights_sha256': base.weights_id, 'feature': '', 'head': 'identity', 'head_size': 0,
+      'similarity': 'cosine', 'tune': 'lora', 'lora': cfg, 'workdir': str(tmp / 'tune')}, {'lora': tree})
+  (tmp / 'adapt').mkdir()
+  d = 32   # the tiny ViT's pooled width
+  adapter_file.save_adapter(str(tmp / 'adapt' / 'adapter.npz'), rng.normal(size=d), rng.normal(size=(d, 6)),
+                            rng.random(6) + 0.5, rng.normal(size=(6, 10)), adapter_file.backbone_meta(base, base.layers))
+  return [vj.load(f'tuned:{tmp / "tune"}', fetch=False), vj.load(f'adapter:{tmp / "adapt"}', fetch=False)]
+
+
+def test_tuned_and_adapter_maps_and_masks(run_models):
+  """Maps at the network's input size (identical images: 0); the API's all-true mask is the unmasked distance;
+  `preprocess` is on the [0, 1] scale (ViTs resize to float32 0..255, which it once passed on undivided: maps and
+  masks read 255x images); a mask over the untouched rows makes the tuned pair far closer (the tuned
+  ViT hides the other patches from attention as its base does)."""
+  a, b = _pair(2, 32)
+  mask = np.zeros((32, 32), bool)
+  mask[20:] = True
+  for model in run_models:
+    assert model.image_size == 32, model.spec
+    m = model.distance_map(np.concatenate([a[:1], a[:1]]), np.concatenate([b[:1], a[:1]]))
+    assert m.shape == (2, 32, 32) and np.isfinite(m).all() and m[0].mean() > 1e-3 and not m[1].any(), model.spec
+    assert 0.5 < model.preprocess(a).max() <= 1.0, model.spec
+    d = model.distance(a, b)
+    assert np.array_equal(model.distance(a, b, mask=np.ones((32, 32), bool)), d), model.spec
+    if model.kind == 'tuned':   # the adapter's tower is cosine:vit:tiny's (its masks: the tests above)
+      assert (model.distance(a, b, mask=mask) < 0.01 * d).all()

@@ -179,10 +179,9 @@ class Model:
       if not items:
         size = self.image_size
         return np.zeros((0, size, size, 3), np.float32)
-      x = _load_items(items, self.similarity.preprocess)
-    else:
-      x = _lpips_batch(images, 'images')
-    x = np.asarray(x)
+      # the command line's loader: the 0..255 scale, uint8 or (torch_bilinear resizing: ViTs, DreamSim) float32
+      return np.asarray(_load_items(items, self.similarity.preprocess), np.float32) / np.float32(255.0)
+    x = np.asarray(_lpips_batch(images, 'images'))
     return x.astype(np.float32) / np.float32(255.0) if x.dtype == np.uint8 else x.astype(np.float32)
 
   def distance_map(self, img0, img1, *, resize: str = 'none'):

@@ -92,6 +92,16 @@ def _apply_at(apply_fn, n: int):
   return functools.partial(apply_fn.func, *args, **apply_fn.keywords) if changed else None
 
 
+def has_position_embeddings(backbone: Backbone) -> bool:
+  """Whether the tower has `pos_embed` leaves `at_image_size` interpolates (a ViT; CNNs have none)."""
+  return bool(_pos_leaves(backbone.variables))
+
+
+HIDES_KEYS = 'visim_jax_vit_inside'   # an apply_fn attribute: a wrapper (zoo/tuned.py) of a vit.py tower
+
+
 def is_vit(backbone: Backbone) -> bool:
-  """Whether the tower is backbones/vit.py's network (its Attention honours vit.key_weights: the library's masks)."""
-  return _apply_at(backbone.apply_fn, backbone.preprocess.size) is not None
+  """Whether the tower runs backbones/vit.py's network (its Attention honours vit.key_weights: the library's masks):
+  vit.py's apply itself, or a function that wraps it and says so (`HIDES_KEYS`: a tuned tower, LoRA merged)."""
+  return (getattr(backbone.apply_fn, HIDES_KEYS, False)
+          or _apply_at(backbone.apply_fn, backbone.preprocess.size) is not None)

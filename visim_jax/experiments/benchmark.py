@@ -31,7 +31,7 @@ from visim_jax.metrics import leaderboard
 from visim_jax.training import runtime
 from visim_jax.training import workdir as workdir_lib
 from visim_jax.zoo import similarity as sim_lib
-from visim_jax.zoo import interface
+from visim_jax.zoo import interface, library as vit_sizes
 from visim_jax.core.errors import UserError
 from visim_jax.experiments import benchmark_quality
 from visim_jax.experiments import benchmark_tasks as tasks_lib
@@ -45,8 +45,7 @@ DATA_FIELDS = ('nights_dir', 'bapps_dir', 'things_dir', 'tll_dir', 'cosis_dir', 
 
 
 def validate_config(config) -> list[str]:
-  """The model specs (form checked, nothing loaded); every field's type and range checked (visim_jax/core/checks.py),
-  naming it."""
+  """The model specs (form checked, nothing loaded); every field's type and range checked (checks.py), naming it."""
   for f in ('models', 'nights_splits', 'bapps_sets', 'bapps_jnd_sets', 'things_triplets', 'things_names',
             'tll_subset', 'cosis_image_dir', 'cache_dir', 'demo.root') + DATA_FIELDS:
     checks.text(config, f)
@@ -57,6 +56,7 @@ def validate_config(config) -> list[str]:
   checks.integer(config, 'pair_batch_size', 1, 1 << 20)
   checks.integer(config, 'image_batch_size', 1, 1 << 16)
   checks.integer(config, 'lpips_size', 0, 4096, note=' (0: the native size)')
+  checks.integer(config, 'image_size', 0, 4096, note=" (0: each model's own; ViT towers: 16..4096)")
   checks.integer(config, 'nights_min_votes', 0, 1000, note=" (DreamSim's 6)")
   checks.seed(config)
   checks.seed(config, 'demo.seed')
@@ -176,6 +176,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   from visim_jax.backbones import features
   opts = interface.Options(features.check_cache_dir(config.cache_dir), config.image_batch_size, config.dtype, progress)
   models = {s: sim_lib.build(s, opts) for s in specs}   # weights and files read now: a bad entry fails here
+  models = vit_sizes.at_image_size_all(models, config.image_size, opts, 'config.image_size', runtime.say)   # ViTs
   ops.check_writable_dir(workdir, 'workdir')
   decode_pass.check([p for ts in protocols.values() for t in ts for p in t.paths], opts.cache_dir)
   record = workdir_lib.Record(workdir, config, None)  # config.json: written with the first result, not before

@@ -197,19 +197,42 @@ def masked_distance(model, img0, img1, mask, resize, single: bool):
   return float(d[0]) if single else d.astype(np.float32)
 
 
-def at_image_size(spec, sim, image_size, opts):
-  """The Similarity with its ViT tower at image_size (backbones/resolution.py); other kinds refuse in one line."""
+def at_image_size(spec, sim, image_size, opts, where: str = f'{WHERE}: image_size'):
+  """The Similarity with its ViT tower at image_size (backbones/resolution.py); other kinds refuse in one line,
+  naming `where` (the library's argument, or config.image_size for the benchmark)."""
   import dataclasses as dc  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
   from visim_jax.backbones import resolution  # pylint: disable=g-import-not-at-top
   from visim_jax.zoo import interface  # pylint: disable=g-import-not-at-top
   if sim.backbone is None:
-    raise UserError(f"{WHERE}: image_size={image_size!r}: {spec!r} compares the images at their own size; give "
+    raise UserError(f"{where}={image_size!r}: {spec!r} compares the images at their own size; give "
                     "distance(..., resize='HxW') to change it")
-  bb = resolution.at_image_size(sim.backbone, image_size, f'{WHERE}: image_size')
+  bb = resolution.at_image_size(sim.backbone, image_size, where)
   if bb is sim.backbone:
     return sim
   ident = {**sim.identity, 'image_size': image_size}
   return dc.replace(sim, backbone=bb, preprocess=bb.preprocess, identity=ident,
                     featurizer=interface.pooled_featurizer(bb, sim.layers, opts, sim.transform),
                     feature_key=('pooled', json.dumps(ident, sort_keys=True)))
+
+
+def has_position_embeddings(sim) -> bool:
+  """Whether `image_size` changes this model: an embedding model whose tower holds ViT position embeddings."""
+  from visim_jax.backbones import resolution  # pylint: disable=g-import-not-at-top
+  return sim.backbone is not None and resolution.has_position_embeddings(sim.backbone)
+
+
+def at_image_size_all(models: dict, image_size: int, opts, where: str, say=print) -> dict:
+  """{spec: Similarity} with every ViT tower at image_size (at_image_size; 0: all as they are), the others (CNNs,
+  LPIPS, the pixel metrics) at their own size, `say` told which is which; no ViT among them: refused naming `where`."""
+  if not image_size:
+    return models
+  vits = [s for s, sim in models.items() if has_position_embeddings(sim)]
+  if not vits:
+    raise UserError(f'{where}={image_size!r}: none of the models has a ViT tower whose position embeddings it could '
+                    'interpolate (CNNs, LPIPS and the metrics run at their own size): set 0 (each model\'s own)')
+  out = {s: at_image_size(s, sim, image_size, opts, where) if s in vits else sim for s, sim in models.items()}
+  rest = [s for s in models if s not in vits]
+  say(f'{where}={image_size}: {", ".join(vits)} at {image_size} px (position embeddings interpolated)'
+      + (f'; {", ".join(rest)} at their own size' if rest else ''))
+  return out

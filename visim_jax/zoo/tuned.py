@@ -33,6 +33,7 @@ def tuned_backbone(spec: str, path: str, option: str = '', base=None):
   """(the tuned Backbone with its 'tuned' stage, meta) of a tuned.npz or of a peft adapter folder (its tower
   `option` or as training/peft_file.py finds it); `base`: the pretrained Backbone to apply it to (default: the one
   the meta names, its weights checked)."""
+  from visim_jax.backbones import resolution
   from visim_jax.core.errors import UserError
   from visim_jax.models import lora as lora_lib
   from visim_jax.training import peft_file, tower_step, tuned_file
@@ -67,6 +68,8 @@ def tuned_backbone(spec: str, path: str, option: str = '', base=None):
   def apply_fn(v, x):
     final, stages = base.apply_fn(v['tower'], x)
     return final, {**stages, STAGE: tower_step.embed(hp, bare, v['head'], v['tower'], x)}
+  # every Attention it runs is the base's: a mask hides patch keys in it as in the base (zoo/spatial.py)
+  setattr(apply_fn, resolution.HIDES_KEYS, resolution.is_vit(base))
   sha = file_sha(sha_of)
   pre = meta.get('preprocessing')   # the pixels it was tuned on (config.pixels='alignet': AligNet's [0, 1])
   pre = base.preprocess if not pre else Preprocess(**{k: tuple(v) if isinstance(v, list) else v for k, v in pre.items()})
