@@ -46,9 +46,42 @@ def fingerprint(opts, hp, train, val) -> runtime.Fingerprint:
                                       'image list': np.asarray(train.images)})
 
 
+@dataclasses.dataclass(frozen=True)
+class Built:
+  """What a run tunes, before any state exists: the backbone, its Tower, the step's Hparams, the image shape and the
+  abstract trainable tree (jax.eval_shape of tower_step.init_state: nothing allocated)."""
+  backbone: object
+  tower: object
+  hp: object
+  image_shape: tuple
+  trainable: dict
+
+  @property
+  def images_a_triplet(self) -> int:
+    return 4 if self.hp.two_refs else 3
+
+
+def build(opts, steps: int, **hparams) -> Built:
+  """TuneOptions -> Built (the experiment's and benchmarks/tune_full.py's one setup): features.build, AligNet's
+  preprocessing where pixels='alignet', tower_step.tower / Hparams (hparams: overrides of opts.hparams, e.g.
+  accum_steps) and the abstract trainable tree."""
+  from visim_jax.models import lora as lora_lib
+  from visim_jax.training import tower_step
+  backbone, _ = features_lib.build(opts.features)
+  if opts.pixels == 'alignet':   # AligNet's preprocessing.py: a cubic squash to 224 x 224, values in [0, 1]
+    backbone = dataclasses.replace(backbone, preprocess=image_batches.alignet_preprocess(backbone.preprocess.size))
+  tower = tower_step.tower(backbone, feature=opts.feature or None, head=opts.head, head_size=opts.head_size)
+  hp = tower_step.Hparams(**{**opts.hparams, **hparams}, steps=steps, lora=lora_lib.Config(**opts.lora))
+  hp.check()
+  size = backbone.preprocess.size
+  image_shape = (size, size, 3)
+  abstract, _ = jax.eval_shape(lambda: tower_step.init_state(hp, tower, backbone.variables,
+                                                             jax.random.PRNGKey(opts.seed), image_shape))
+  return Built(backbone, tower, hp, image_shape, abstract.trainable)
+
+
 def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   opts = parse(config)
-  from visim_jax.models import lora as lora_lib
   from visim_jax.training import tower_step
   t0 = time.time()
   train, val, desc = tune_data.load(opts, progress)
@@ -58,25 +91,18 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   if opts.batch_size > len(train):
     raise checks.fail('batch_size', f'exceeds the {len(train)} train triplets; use {len(train)} or less',
                       opts.batch_size)
-  backbone, _ = features_lib.build(opts.features)
-  if opts.pixels == 'alignet':   # AligNet's preprocessing.py: a cubic squash to 224 x 224, values in [0, 1]
-    backbone = dataclasses.replace(backbone, preprocess=image_batches.alignet_preprocess(backbone.preprocess.size))
-  tower = tower_step.tower(backbone, feature=opts.feature or None, head=opts.head, head_size=opts.head_size)
   steps = opts.steps or opts.epochs * (len(train) // opts.batch_size)
-  hp = tower_step.Hparams(**opts.hparams, steps=steps, lora=lora_lib.Config(**opts.lora))
-  hp.check()
+  b = build(opts, steps)
+  backbone, tower, hp, image_shape = b.backbone, b.tower, b.hp, b.image_shape
   mesh = sharding.train_mesh(opts.fsdp, devices)
   n_dev = mesh.devices.size
   micro = opts.batch_size // hp.accum_steps
   if micro % n_dev:
     raise checks.fail('batch_size', f'each pass takes batch_size / accum_steps = {micro} triplets, split over the '
                       f'{n_dev} devices: use a multiple of {n_dev * hp.accum_steps}', opts.batch_size)
-  size = backbone.preprocess.size
-  image_shape = (size, size, 3)
   key = jax.random.PRNGKey(opts.seed)
-  abstract, _ = jax.eval_shape(lambda: tower_step.init_state(hp, tower, backbone.variables, key, image_shape))
-  parts = tune_memory.check(hp, tower, backbone, abstract.trainable, image_shape,
-                            micro * (4 if hp.two_refs else 3) // n_dev, opts.fsdp)
+  parts = tune_memory.check(hp, tower, backbone, b.trainable, image_shape, micro * b.images_a_triplet // n_dev,
+                            opts.fsdp)
   images = tune_data.image_source(opts, train, backbone.preprocess, progress)
   runtime.say(f'{len(train):,} train / {len(val):,} held-out triplets ({train.target_kind}) over {len(images):,} '
               f'images; {backbone.name} tune={hp.tune}, loss {hp.loss}, {steps} steps of {opts.batch_size} over '
@@ -95,6 +121,13 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   bare = dataclasses.replace(tower, head='identity')   # the tower's own feature at step 0 (LoRA's b = 0): frozen
   frozen_res = evaluate(_embedder(hp, bare), {k: v for k, v in state0.trainable.items() if k != 'head'}, frozen)
   untrained = evaluate(_embedder(hp, tower), state0.trainable, frozen) if opts.head != 'identity' else frozen_res
+  attacked = None
+  if hp.adv_eps:   # held-out clean and attacked 2AFC accuracy, before (the frozen tower) and after tuning
+    attack = functools.partial(_attacked, hp, images, val, opts.adversarial_eval_steps, opts.seed, micro)
+    attacked = {'budget': _budget(hp), 'steps': opts.adversarial_eval_steps, 'method': 'apgd', 'items': len(val),
+                'frozen': attack(bare, {k: v for k, v in state0.trainable.items() if k != 'head'}, frozen)}
+    runtime.say(f"held-out 2AFC accuracy of the frozen tower: {frozen_res['accuracy']:.4f} clean, "
+                f"{attacked['frozen']:.4f} attacked ({attacked['budget']}, APGD {attacked['steps']})")
   embed = _embedder(hp, tower)
   n_evals = -(-steps // opts.eval_every)
   host = lambda: {'loss': np.zeros(steps, np.float32), 'val_accuracy': np.zeros(n_evals, np.float32),
@@ -102,7 +135,7 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   recorded = config_fields.recorded_config(config, uses_backbone=True)
   with runtime.Run(workdir, recorded, fingerprint(opts, hp, train, val), opts.checkpoint, progress,
                    desc='tune (steps)', max_to_keep=opts.keep_checkpoints) as rt:
-    if opts.source in TEACHER_SOURCES:
+    if opts.teacher is not None:   # teacher-labelled triplets
       tune_data.write_index_files(rt.workdir, train, val)
     t1 = time.time()
     rt.track_data(batches)
@@ -128,6 +161,8 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
     t2 = time.time()
     state = tree['state']
     tuned = evaluate(embed, state.trainable, frozen)
+    if attacked is not None:
+      attacked['tuned'] = attack(tower, state.trainable, frozen)
     trainable = jax.tree.map(sharding.to_host, state.trainable)
     meta = {**features_lib.describe(backbone, ()), 'feature': tower.feature, 'head': opts.head,
             'head_size': opts.head_size, 'similarity': hp.similarity, 'tune': hp.tune, 'lora': opts.lora,
@@ -145,7 +180,7 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
                'feature': tower.feature, 'hparams': dataclasses.asdict(hp), 'batch_size': opts.batch_size,
                'n_triplets': {'train': len(train), 'val': len(val)}, 'devices': n_dev, 'fsdp': opts.fsdp,
                'trainable_parameters': int(sum(np.size(l) for l in jax.tree.leaves(trainable))),
-               'results': {'frozen': frozen_res, 'untrained': untrained, 'tuned': tuned},
+               'results': {'frozen': frozen_res, 'untrained': untrained, 'tuned': tuned}, 'attacked': attacked,
                'memory_estimate_bytes': parts, 'leaderboard': board, 'things': things_res,
                'timing_s': {'data': t1 - t0, 'training_and_eval': t2 - t1, 'total': time.time() - t0}}
     metrics = rt.write_metrics({**metrics, 'config': recorded})
@@ -176,6 +211,33 @@ def _evaluate(eval_hp, mesh, images, rows, pos, target, fo, embed, trainable, fr
   return {k: float(v) for k, v in head_step.evaluate(eval_hp, 'identity', {}, feats, pos, target).items()}
 
 
+def _budget(hp) -> str:
+  from visim_jax.experiments import benchmark_attacks
+  return benchmark_attacks.label(hp.adv_norm, hp.adv_eps)
+
+
+@functools.lru_cache(maxsize=4)
+def _attack_program(hp, tower, steps: int):
+  from visim_jax.training import tower_step
+  return cpu_kernels.jit(functools.partial(tower_step.attacked_correct, hp, tower, steps))
+
+
+def _attacked(hp, images, val, steps: int, seed: int, batch: int, tower, trainable, frozen) -> float:
+  """Held-out 2AFC accuracy of the tower on the APGD examples of the references (tower_step.attacked_correct), in
+  batches of `batch` items (the last one padded; random starts keyed by (seed, batch index))."""
+  from visim_jax.training import tower_step
+  program = _attack_program(hp, tower, steps)
+  n, bs = len(val), min(batch, len(val))
+  out = []
+  for k, lo in enumerate(range(0, n, bs)):
+    rows = np.arange(lo, lo + bs) % n
+    pixels = np.stack([np.stack([images[int(i)] for i in val.triplets[r]]) for r in rows])
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), 0xE7A1 + k)
+    ok = program(trainable, frozen, tower_step.Batch(pixels, np.asarray(val.target[rows], np.float32)), key)
+    out.append(np.asarray(sharding.to_host(ok))[:min(bs, n - lo)])
+  return float(np.concatenate(out).mean())
+
+
 def _leaderboard(config, workdir: str, backbone, progress: bool) -> dict:
   """The leaderboard on the demo human sets (data/human_demo.py): the frozen tower vs the tuned one."""
   from visim_jax.experiments import benchmark
@@ -184,7 +246,7 @@ def _leaderboard(config, workdir: str, backbone, progress: bool) -> dict:
   c.models = f'cosine:{backbone.name}{tag},tuned:{workdir}'
   c.cache_dir, c.image_batch_size, c.plots = config.cache_dir, config.image_batch_size, config.plots
   c.n_boot = 200
-  c.attacks, c.attack_steps = config.adversarial, config.adversarial_steps   # attacked columns before / after
+  c.attacks, c.attack_steps = config.adversarial, config.adversarial_eval_steps   # attacked columns before / after
   s = benchmark.run(c, os.path.join(workdir, 'leaderboard'), progress)
   return {'models': s['models'], 'results': s['results']}
 
@@ -216,6 +278,12 @@ def _print(m: dict, workdir: str) -> None:
   r = m['results']
   shown = ('frozen', 'untrained', 'tuned') if r['untrained'] != r['frozen'] else ('frozen', 'tuned')
   rows = [[k, f"{r[k]['accuracy']:.4f}", f"{r[k]['loss']:.4f}"] for k in shown]
+  head = ['tower', 'accuracy', m['hparams']['loss'] + ' loss']
+  a = m.get('attacked')
+  if a:   # the attacked column: the frozen tower's before, the tuned one's after (untrained: not attacked)
+    head.append(f"attacked {a['budget']} (APGD {a['steps']})")
+    for row in rows:
+      row.append(f"{a[row[0]]:.4f}" if row[0] in a else '')
   runtime.say(f"\nheld-out accuracy ({m['n_triplets']['val']} triplets, {m['target']} targets), {m['backbone']} "
               f"tune={m['hparams']['tune']}, {m['hparams']['steps']} steps, workdir {workdir}")
-  runtime.say(report.table(rows, ['tower', 'accuracy', m['hparams']['loss'] + ' loss']))
+  runtime.say(report.table(rows, head))
