@@ -253,7 +253,7 @@ def _cos(a, b):
   return jnp.sum(ops.l2_normalize(a) * ops.l2_normalize(b), -1)
 
 
-def _pixel_distance(hp: Hparams, tower_: Tower, frozen: dict) -> Callable:
+def pixel_distance(hp: Hparams, tower_: Tower, frozen: dict) -> Callable:
   """d(trainable, x0, x1) = 1 - cos of the tower's features (no dropout) of float images in [0, 1] (the attack's
   space: the backbone's preprocessed pixels / 255)."""
   def dist(t, x0, x1):
@@ -271,7 +271,7 @@ def adversarial_refs(hp: Hparams, tower_: Tower, trainable: dict, frozen: dict, 
   params = jax.lax.stop_gradient(trainable)
   opts = attacks.AttackOptions(hp.adv_norm, hp.adv_eps, hp.adv_steps, 'apgd', keep='max_loss')
   x = images / 255.0
-  ref, _ = attacks.attack_fn(_pixel_distance(hp, tower_, frozen), opts)(params, x[:, 0], x[:, 1], x[:, 2],
+  ref, _ = attacks.attack_fn(pixel_distance(hp, tower_, frozen), opts)(params, x[:, 0], x[:, 1], x[:, 2],
                                                                          batch.target, key)
   return images.at[:, 0].set(jax.lax.stop_gradient(ref) * 255.0)
 
@@ -285,7 +285,7 @@ def attacked_correct(hp: Hparams, tower_: Tower, steps: int, trainable: dict, fr
   attack did not succeed: `~success`, with no further pass (a tie answers img0, as the authors' max)."""
   images = batch.images.astype(jnp.float32) / 255.0
   opts = attacks.AttackOptions(hp.adv_norm, hp.adv_eps, steps, 'apgd')
-  _, success = attacks.attack_fn(_pixel_distance(hp, tower_, frozen), opts)(
+  _, success = attacks.attack_fn(pixel_distance(hp, tower_, frozen), opts)(
       trainable, images[:, 0], images[:, 1], images[:, 2], batch.target, key)
   return ~success
 
