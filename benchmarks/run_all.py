@@ -442,7 +442,8 @@ def main(argv=None):
   ap.add_argument('--sizes', default='auto', choices=('auto', 'cpu', 'default'),
                   help="auto: PRESETS when jax's backend is the CPU; cpu: always; default: the scripts' bare "
                        "defaults (the issues' GPU sizes)")
-  ap.add_argument('--gpu', action='store_true', help='GPU_PLAN: every capability on one GPU within GPU_TOTAL_S = 1620 s')
+  ap.add_argument('--gpu', action='store_true',
+                  help=f'GPU_PLAN: every capability on one GPU within GPU_TOTAL_S = {GPU_TOTAL_S} s')
   ap.add_argument('--gpu_jsonl', default=os.path.join(HERE, 'results_gpu.jsonl'),
                   help='--gpu: each finished script\'s JSON is appended here at once')
   ap.add_argument('--max_load', type=float, default=None,

@@ -7,6 +7,8 @@ r"""Tuning the tower: DreamSim's LoRA or AligNet's full fine-tuning on image tri
   python -m visim_jax.main --config=configs/tune.py:alignet --workdir=workdirs/alignet --config.alignet_dir=/data/alignet
   python -m visim_jax.main --config=configs/tune.py:local --workdir=/tmp/tune_local    # tiny random ViT, seconds
   python -m visim_jax.main --config=configs/tune.py:demo --workdir=workdirs/tune_demo   # offline, real weights
+  python -m visim_jax.main --config=configs/tune.py:demo --workdir=workdirs/tune_adv \
+      --config.adversarial=linf:4/255                                                  # + attacked references
 then rank the result:
   python -m visim_jax.main --config=configs/benchmark.py --workdir=workdirs/board \
       --config.models=cosine:dino_vitb16,tuned:workdirs/tune --config.nights_dir=/data/nights
@@ -22,7 +24,9 @@ on raw dot products, Adam 3e-5 warm-up 5k + cosine over 100k steps, decay toward
 batch 512) on teacher triplets of an image folder ('untransformed' teacher similarities). `:local`: a tiny random
 ViT on teacher triplets of the demo photos, 12 steps. `:demo`: LoRA (r 8) on EfficientNet-Lite0's last 1x1 conv
 kernels (real weights), triplets labelled by AlexNet over the demo photos, then the leaderboard on the demo human
-sets before and after. docs/tuning.md has the fields, the measured :demo and the fidelity table.
+sets before and after; `:demo --config.adversarial=linf:4/255` tunes with the hinge on the demo's mini NIGHTS votes
+with attacked references instead and reports clean and attacked held-out accuracy before and after
+(docs/robustness.md). docs/tuning.md has the fields, the measured :demo and the fidelity table.
 Measured on the 2-core box shared with other sessions (load 14-21), 2026-11-26: `:local` 53 s; `:demo` 7 min 9 s
 wall for 1 min 54 s of CPU from empty feature / image caches, held-out accuracy 0.865 frozen -> 0.892 tuned, the demo
 NIGHTS test 0.875 -> 0.938 and THINGS 0.969 -> 1.000.

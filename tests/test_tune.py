@@ -337,7 +337,8 @@ def test_memory_estimate_counts_the_attack(tmp_path, human_demo_sets, monkeypatc
   from visim_jax.experiments.tune_parse import parse
   est = {}
   for adv in ('', 'linf:8/255'):
-    b = tune.build(parse(tiny(tmp_path, loss='hinge', adversarial=adv, **{'lora.targets': 'blocks_1/fc2'})), 4)
+    c = tiny(tmp_path, loss='hinge', adversarial=adv, **{'lora.targets': 'blocks_1/fc2'})
+    b = tune.build(parse(c), 4)
     est[adv] = tune_memory.estimate(b.hp, b.tower, b.backbone, b.trainable, b.image_shape, 12, 1)[0]
   adv = est['linf:8/255']
   assert 'attack' not in est[''] and adv['attack'] > adv['activations'] == est['']['activations'] > 0

@@ -11,6 +11,10 @@ chunks of eval_every steps through training/runtime.Run (lock, fingerprint, Orba
 state only, LoRA checkpoints are small, and the grain iterator's state beside it: a resumed run reads the batches
 an uninterrupted one reads) -> held-out accuracy after each chunk.
 
+With `adversarial` (the hinge on attacked references, training/tower_step.adversarial_refs) the held-out items are
+also attacked before and after tuning (tower_step.attacked_correct, APGD of adversarial_eval_steps): metrics.json's
+`attacked`, a column of the console table. `build` is the setup benchmarks/tune_full.py shares.
+
 Outputs: tuned.npz (training/tuned_file.py: the LoRA factors or the tuned tower, the head, the meta `tuned:` reads),
 curves.npz / curves.png, triplets_{train,val}.npz (teacher sources), leaderboard/ (config.leaderboard: the demo
 human sets, `cosine:<backbone>` vs `tuned:<workdir>`), things/ (source 'alignet' with config.things_dir: THINGS
@@ -31,53 +35,20 @@ from visim_jax.backbones import features as features_lib
 from visim_jax.core import cpu_kernels
 from visim_jax.core import report, sharding
 from visim_jax.data import grain_data, image_batches
-from visim_jax.experiments import checks, config_fields, tune_data, tune_memory
+from visim_jax.experiments import checks, config_fields, tune_attacked, tune_data, tune_memory
+from visim_jax.experiments.tune_setup import Built, build  # noqa: F401  (tune.build: benchmarks/tune_full.py's too)
 from visim_jax.experiments.tune_parse import LOSS_FOR_TARGET, TEACHER_SOURCES, parse, validate_config  # noqa: F401
 from visim_jax.training import head_step, runtime, tuned_file
 
 
 def fingerprint(opts, hp, train, val) -> runtime.Fingerprint:
-  skip = ('plots', 'leaderboard', 'checkpoint', 'keep_checkpoints')
+  skip = ('plots', 'leaderboard', 'checkpoint', 'keep_checkpoints', 'adversarial_eval_steps')   # not the training
   fields = {**{k: v for k, v in dataclasses.asdict(opts).items() if k not in skip},
             'hparams': dataclasses.asdict(hp)}
   fields['data_engine'] = 'grain-1'   # batches of shuffle(seed).repeat().batch(B) (data/grain_data.py)
   return runtime.fingerprint(fields, {'train triplets': train.triplets, 'train targets': train.target,
                                       'held-out triplets': val.triplets, 'held-out targets': val.target,
                                       'image list': np.asarray(train.images)})
-
-
-@dataclasses.dataclass(frozen=True)
-class Built:
-  """What a run tunes, before any state exists: the backbone, its Tower, the step's Hparams, the image shape and the
-  abstract trainable tree (jax.eval_shape of tower_step.init_state: nothing allocated)."""
-  backbone: object
-  tower: object
-  hp: object
-  image_shape: tuple
-  trainable: dict
-
-  @property
-  def images_a_triplet(self) -> int:
-    return 4 if self.hp.two_refs else 3
-
-
-def build(opts, steps: int, **hparams) -> Built:
-  """TuneOptions -> Built (the experiment's and benchmarks/tune_full.py's one setup): features.build, AligNet's
-  preprocessing where pixels='alignet', tower_step.tower / Hparams (hparams: overrides of opts.hparams, e.g.
-  accum_steps) and the abstract trainable tree."""
-  from visim_jax.models import lora as lora_lib
-  from visim_jax.training import tower_step
-  backbone, _ = features_lib.build(opts.features)
-  if opts.pixels == 'alignet':   # AligNet's preprocessing.py: a cubic squash to 224 x 224, values in [0, 1]
-    backbone = dataclasses.replace(backbone, preprocess=image_batches.alignet_preprocess(backbone.preprocess.size))
-  tower = tower_step.tower(backbone, feature=opts.feature or None, head=opts.head, head_size=opts.head_size)
-  hp = tower_step.Hparams(**{**opts.hparams, **hparams}, steps=steps, lora=lora_lib.Config(**opts.lora))
-  hp.check()
-  size = backbone.preprocess.size
-  image_shape = (size, size, 3)
-  abstract, _ = jax.eval_shape(lambda: tower_step.init_state(hp, tower, backbone.variables,
-                                                             jax.random.PRNGKey(opts.seed), image_shape))
-  return Built(backbone, tower, hp, image_shape, abstract.trainable)
 
 
 def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
@@ -123,8 +94,8 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   untrained = evaluate(_embedder(hp, tower), state0.trainable, frozen) if opts.head != 'identity' else frozen_res
   attacked = None
   if hp.adv_eps:   # held-out clean and attacked 2AFC accuracy, before (the frozen tower) and after tuning
-    attack = functools.partial(_attacked, hp, images, val, opts.adversarial_eval_steps, opts.seed, micro)
-    attacked = {'budget': _budget(hp), 'steps': opts.adversarial_eval_steps, 'method': 'apgd', 'items': len(val),
+    attack = functools.partial(tune_attacked.accuracy, hp, images, val, opts.adversarial_eval_steps, opts.seed, micro)
+    attacked = {'budget': tune_attacked.budget(hp), 'steps': opts.adversarial_eval_steps, 'method': 'apgd', 'items': len(val),
                 'frozen': attack(bare, {k: v for k, v in state0.trainable.items() if k != 'head'}, frozen)}
     runtime.say(f"held-out 2AFC accuracy of the frozen tower: {frozen_res['accuracy']:.4f} clean, "
                 f"{attacked['frozen']:.4f} attacked ({attacked['budget']}, APGD {attacked['steps']})")
@@ -209,33 +180,6 @@ def _evaluate(eval_hp, mesh, images, rows, pos, target, fo, embed, trainable, fr
     out.append(np.asarray(sharding.to_host(e))[:n])
   feats = np.concatenate(out)
   return {k: float(v) for k, v in head_step.evaluate(eval_hp, 'identity', {}, feats, pos, target).items()}
-
-
-def _budget(hp) -> str:
-  from visim_jax.experiments import benchmark_attacks
-  return benchmark_attacks.label(hp.adv_norm, hp.adv_eps)
-
-
-@functools.lru_cache(maxsize=4)
-def _attack_program(hp, tower, steps: int):
-  from visim_jax.training import tower_step
-  return cpu_kernels.jit(functools.partial(tower_step.attacked_correct, hp, tower, steps))
-
-
-def _attacked(hp, images, val, steps: int, seed: int, batch: int, tower, trainable, frozen) -> float:
-  """Held-out 2AFC accuracy of the tower on the APGD examples of the references (tower_step.attacked_correct), in
-  batches of `batch` items (the last one padded; random starts keyed by (seed, batch index))."""
-  from visim_jax.training import tower_step
-  program = _attack_program(hp, tower, steps)
-  n, bs = len(val), min(batch, len(val))
-  out = []
-  for k, lo in enumerate(range(0, n, bs)):
-    rows = np.arange(lo, lo + bs) % n
-    pixels = np.stack([np.stack([images[int(i)] for i in val.triplets[r]]) for r in rows])
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), 0xE7A1 + k)
-    ok = program(trainable, frozen, tower_step.Batch(pixels, np.asarray(val.target[rows], np.float32)), key)
-    out.append(np.asarray(sharding.to_host(ok))[:min(bs, n - lo)])
-  return float(np.concatenate(out).mean())
 
 
 def _leaderboard(config, workdir: str, backbone, progress: bool) -> dict:

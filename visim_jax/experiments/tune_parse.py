@@ -215,5 +215,5 @@ def parse(config) -> TuneOptions:
                    remat=config.remat, accum_steps=accum, hinge_ref=config.hinge_ref, seed=seed, **adv),
       epochs=epochs, steps=steps, batch_size=batch, fsdp=fsdp, transform=transform, pixels=pixels,
       worker_count=worker_count, eval_every=every, checkpoint=config.checkpoint,
-      checkpoint_every=config.checkpoint_every, keep_checkpoints=keep, plots=config.plots, leaderboard=board, ties=ties, seed=seed,
-      adversarial_eval_steps=config.adversarial_eval_steps)
+      checkpoint_every=config.checkpoint_every, keep_checkpoints=keep, plots=config.plots, leaderboard=board,
+      ties=ties, seed=seed, adversarial_eval_steps=config.adversarial_eval_steps)
