@@ -265,8 +265,8 @@ def adversarial_refs(hp: Hparams, tower_: Tower, trainable: dict, frozen: dict, 
                      key: jax.Array) -> jax.Array:
   """The batch's images with each reference replaced by its APGD example (metrics/attacks.py, keep='max_loss': the
   iterate of the highest cross-entropy of (-d0, -d1) at the human majority) within hp.adv_eps of it, through the
-  current tower (no dropout, no gradient into the parameters): the robust-metric papers' training on attacked
-  references (R-LPIPS; Croce et al.'s robust tuning)."""
+  current tower (no dropout, no gradient into the parameters): adversarial training on 2AFC votes as R-LPIPS trains
+  (Croce et al. instead tune clean on NIGHTS from towers made robust on ImageNet: docs/robustness.md)."""
   images = batch.images.astype(jnp.float32)
   params = jax.lax.stop_gradient(trainable)
   opts = attacks.AttackOptions(hp.adv_norm, hp.adv_eps, hp.adv_steps, 'apgd', keep='max_loss')
