@@ -2,6 +2,7 @@ r"""One PGD step on 2AFC items through LPIPS-alex: ours (metrics/attacks.py, jit
 
   python benchmarks/attack.py                                   # 8 items at 64 px, Linf 8/255
   python benchmarks/attack.py --size=224 --items=16 --alternations=5 --out=attack.json
+  python benchmarks/attack.py --size=224 --items=64 --alternations=3   # run_all.py --gpu's entry (torch on cuda)
 
 Both sides run the same attack (docs/robustness.md) on the same items (benchmarks/lpips.py's `pairs_of`: photo crops
 as references, img0 a light and img1 a heavy distortion of them; target img0) from the same start (no random start):
@@ -11,7 +12,9 @@ whether the answer flipped): two forward + backward passes of LPIPS through 2 pa
   ours   attacks.make(lpips distance, AttackOptions(method='pgd', steps=1, random_start=False, step_size=--step))
   torch  richzhang's lpips.LPIPS('alex', version='0.1') with the same weights (tests/torch_init.py), fed 2 x - 1,
          torch.autograd.grad, the same projection, torch's default threads (--torch_threads: that many; on the
-         shared 2-core box at load ~7 its two OpenMP threads ran LPIPS ~20x slower than one thread did)
+         shared 2-core box at load ~7 its two OpenMP threads ran LPIPS ~20x slower than one thread did); on CUDA
+         where torch has it (synchronised before the clock stops), the float32 precision of both sides set and
+         recorded by benchmarks/precision.py ($VISIM_BENCH_PRECISION, default fp32)
 Timed by benchmarks/interleaved.py (one warm-up call each, then alternating rounds); the images agree where the
 gradients' signs do (`same_pixels`: the fraction of pixels of x_adv equal to 1e-6, and `same_success`). One JSON
 object with `rows` for benchmarks/run_all.py (and --out). Needs `pip install --no-deps lpips==0.1.4`.
@@ -68,6 +71,10 @@ def main(argv=None) -> dict:
   import torch
   if a.torch_threads:
     torch.set_num_threads(a.torch_threads)
+  prec = _local('precision').apply()
+  tdev = 'cuda' if torch.cuda.is_available() else 'cpu'
+  print(f'[attack] {a.items} items at {a.size} px, torch on {tdev}, precision {prec["name"]}', file=sys.stderr,
+        flush=True)
   import torch.nn.functional as F
   import torch_init
   from visim_jax.backbones import weights as weights_lib
@@ -79,7 +86,7 @@ def main(argv=None) -> dict:
     raise SystemExit('benchmarks/attack.py: needs the lpips package: pip install --no-deps lpips==0.1.4')
   model = lpips.load_lpips('alex')
   trunk_file = weights_lib.default_location(lpips.BACKBONE[model.net]) + '.safetensors'
-  tref = torch_init.lpips_reference(ref_lpips, model.net, trunk_file)
+  tref = torch_init.lpips_reference(ref_lpips, model.net, trunk_file).to(tdev)
 
   ref, img0, img1 = items(a.size, a.items)
   target = np.zeros(a.items)
@@ -91,8 +98,8 @@ def main(argv=None) -> dict:
   def run_ours():
     return jax.block_until_ready(ours_fn(model.params, ref, img0, img1, target, key))
 
-  tx, ta, tb = (torch.from_numpy(v.transpose(0, 3, 1, 2).copy()) for v in (ref, img0, img1))
-  ty = torch.zeros(a.items, dtype=torch.long)
+  tx, ta, tb = (torch.from_numpy(v.transpose(0, 3, 1, 2).copy()).to(tdev) for v in (ref, img0, img1))
+  ty = torch.zeros(a.items, dtype=torch.long, device=tdev)
 
   def t_logits_grad(z):
     z = z.clone().requires_grad_(True)
@@ -105,19 +112,22 @@ def main(argv=None) -> dict:
     z = torch.clamp(torch.min(torch.max(tx + a.step * torch.sign(g), tx - a.eps), tx + a.eps), 0.0, 1.0)
     logits, _ = t_logits_grad(z)
     wrong = logits.argmax(1) != ty
-    return torch.where(wrong[:, None, None, None], z, tx), wrong
+    out = torch.where(wrong[:, None, None, None], z, tx), wrong
+    if tdev == 'cuda':
+      torch.cuda.synchronize()
+    return out
 
   t = time.perf_counter()
   x_ours, s_ours = run_ours()
   compile_s = time.perf_counter() - t
   x_t, s_t = run_torch()
-  x_t = x_t.numpy().transpose(0, 2, 3, 1)
+  x_t, s_t = x_t.cpu().numpy().transpose(0, 2, 3, 1), s_t.cpu()
   times = interleaved.interleaved({'ours': run_ours, 'torch': run_torch}, a.alternations, min_time=a.min_time)
   stats = interleaved.compare(times['ours'], times['torch'], work=a.items, unit='items')
   out = {'benchmark': 'attack', 'command': 'python benchmarks/attack.py ' + ' '.join(argv or sys.argv[1:]),
          'machine': {'jax_device': jax.devices()[0].device_kind, 'cpus': os.cpu_count(), 'torch': torch.__version__,
                      'torch_threads': torch.get_num_threads(), 'jax': jax.__version__,
-                     'platform': platform.platform()},
+                     'platform': platform.platform()}, 'precision': prec, 'torch_device': tdev,
          'size': a.size, 'items': a.items, 'eps': a.eps, 'step': a.step, 'ours_compile_and_first_s': compile_s,
          'same_pixels': float(np.mean(np.abs(np.asarray(x_ours) - x_t) <= 1e-6)),
          'same_success': float(np.mean(np.asarray(s_ours) == s_t.numpy())),

@@ -4,7 +4,7 @@ r"""Runs every capability benchmark and prints one table: capability, ours, refe
   python benchmarks/run_all.py --small    # the same comparisons at small sizes, a few minutes
   python benchmarks/run_all.py --only=adapt,twoafc
   python benchmarks/run_all.py --dry_run  # the commands it would run
-  python benchmarks/run_all.py --gpu      # every capability on one GPU in at most 1200 s (GPU_PLAN)
+  python benchmarks/run_all.py --gpu      # every capability on one GPU in at most GPU_TOTAL_S = 1680 s (GPU_PLAN)
   python benchmarks/run_all.py --gpu --only=pipeline,extract_lite0,extract_clip_b32   # one part (GPU_CALLS)
   python benchmarks/run_all.py --gpu --dry_run   # the GPU plan: each script, its budget and its command
 
@@ -16,7 +16,7 @@ alternations, the load average when measured). The table goes into benchmarks/RE
 of every script into benchmarks/results_all.json. A script that fails or times out gets a row saying so.
 
 --gpu runs GPU_PLAN instead: each entry one script with GPU sizes chosen to finish, its own budget (a subprocess
-timeout; the budgets add up to at most GPU_TOTAL_S = 1620 s, in GPU_CALLS parts of at most GPU_CALL_S = 540 s,
+timeout; the budgets add up to at most GPU_TOTAL_S = 1680 s, in GPU_CALLS parts of at most GPU_CALL_S = 540 s,
 one lent-device call each), the float32 precision of both sides set explicitly
 ($VISIM_BENCH_PRECISION -> benchmarks/precision.py) and written in its JSON. Each script's progress lines are
 echoed as they come, and its JSON is printed and appended to benchmarks/results_gpu.jsonl as soon as it finishes,
@@ -92,7 +92,7 @@ PRESETS = {
 # the table's row). One device call runs at most 600 s and a session has ~870 s of device time after the start,
 # so the plan runs in GPU_CALLS parts (`--only=` a part's names), each within GPU_CALL_S: the full-size tuning
 # presets first (part 1), then the others, two parts a session at most.
-GPU_TOTAL_S = 1620
+GPU_TOTAL_S = 1680
 GPU_CALL_S = 540
 GPU_PLAN = (
     ('pipeline', 'pipeline', ['--files=1024', '--batch=256', '--dtype=bfloat16', '--repeats=2', '--alternations=2'],
@@ -117,6 +117,8 @@ GPU_PLAN = (
     # longest on a CPU, ~20 s), hence fewer pairs and two alternations
     ('metrics_iqa', 'metrics', ['--metrics=iqa', '--size=256', '--pairs=128', '--batch=32', '--alternations=2'], 120,
      'fp32'),
+    # one PGD step (2 forward + backward) of the 2AFC attack through LPIPS-alex vs the same step in PyTorch on cuda
+    ('attack', 'attack', ['--size=224', '--items=64', '--alternations=3'], 60, 'fp32'),
     # ViT-B/16 LoRA step vs PyTorch + peft, bfloat16 compute on both sides (the script's preset; it stops at 80 s)
     ('tune_step_vitb16_lora', 'tune_step', ['--gpu_preset'], 90, 'fp32'),
     # the full-size tuning steps (issue 43): DreamSim's default ensemble LoRA at batch 16 vs PyTorch + peft, and
@@ -129,7 +131,7 @@ GPU_CALLS = (
     ('tune_step_ensemble', 'tune_step_alignet', 'tune_step_vitb16_lora'),   # first: the full-size tuning presets
     ('search', 'twoafc', 'simnet', 'histograms_imagenet', 'adapt_tll', 'metrics'),
     ('pipeline', 'extract_lite0', 'extract_clip_b32', 'metrics_iqa'),
-    ('extract_siglip_dreamsim', 'lpips', 'learn_triplets'),
+    ('extract_siglip_dreamsim', 'lpips', 'learn_triplets', 'attack'),
 )
 GPU_BEGIN, GPU_END = '<!-- run_all_gpu:begin -->', '<!-- run_all_gpu:end -->'
 # what an entry needs beyond jax / torch, checked before it starts (find_spec: nothing is imported): an entry whose
@@ -141,6 +143,7 @@ GPU_NEEDS = {
     'extract_clip_b32': ('transformers', 'hf_flax_free'),
     'extract_siglip_dreamsim': ('transformers',),
     'lpips': ('lpips', 'lpips_weights'),
+    'attack': ('lpips', 'lpips_weights'),
     'metrics': ('pytorch_msssim', 'piq', 'DISTS_pytorch'),
     'metrics_iqa': ('piq',),
 }
@@ -444,7 +447,8 @@ def main(argv=None):
   ap.add_argument('--sizes', default='auto', choices=('auto', 'cpu', 'default'),
                   help="auto: PRESETS when jax's backend is the CPU; cpu: always; default: the scripts' bare "
                        "defaults (the issues' GPU sizes)")
-  ap.add_argument('--gpu', action='store_true', help='GPU_PLAN: every capability on one GPU within GPU_TOTAL_S = 1200 s')
+  ap.add_argument('--gpu', action='store_true',
+                  help=f'GPU_PLAN: every capability on one GPU within GPU_TOTAL_S = {GPU_TOTAL_S} s')
   ap.add_argument('--gpu_jsonl', default=os.path.join(HERE, 'results_gpu.jsonl'),
                   help='--gpu: each finished script\'s JSON is appended here at once')
   ap.add_argument('--max_load', type=float, default=None,

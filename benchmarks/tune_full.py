@@ -7,8 +7,8 @@ r"""Full-size tuning steps on random weights of the real shapes: peak memory aga
   python benchmarks/tune_full.py --preset=tiny                   # the tiny random ViT of :local (seconds; tests)
 
 What runs is the tune experiment's own path, not a copy: the preset's config (configs/tune.py) -> tune_parse.parse ->
-features.build with `random_init=0` (the real architecture, random weights: no download) -> tower_step.tower /
-Hparams / init_state / place / step_program -> `--steps` steps on random uint8 images (and random targets of the
+tune.build (the experiment's setup: features.build with `random_init=0`, the real architecture with random weights,
+no download; tower_step.tower / Hparams; the abstract trainable tree) -> tower_step.init_state / place / step_program -> `--steps` steps on random uint8 images (and random targets of the
 loss's kind) of the config's batch. Before anything is allocated, tune_memory.estimate gives the experiment's
 estimate (parameters, gradients, optimiser state, the backward pass's residuals per image x images per pass).
 
@@ -79,30 +79,22 @@ def preset_config(name: str):
 def run(preset: str, steps: int, passes: int = 0, micro_batch: int = 0) -> dict:
   import jax
   import numpy as np
-  from visim_jax.backbones import features as features_lib
   from visim_jax.core import sharding
-  from visim_jax.experiments import tune_memory
+  from visim_jax.experiments import tune, tune_memory
   from visim_jax.experiments.tune_parse import parse
-  from visim_jax.models import lora as lora_lib
   from visim_jax.training import tower_step
   c = preset_config(preset)
   opts = parse(c)
   micro = micro_batch or opts.batch_size // max(1, opts.hparams.get('accum_steps', 1))
   full_passes = opts.batch_size // micro
   n_pass = passes or full_passes
-  hparams = {**opts.hparams, 'accum_steps': n_pass}
   jax.block_until_ready(jax.jit(lambda x: x + 1)(np.zeros(4, np.float32)))   # the backend and XLA up: baseline
   rss0 = _status('VmRSS')
   t0 = time.time()
-  backbone, _ = features_lib.build(opts.features)
-  tower = tower_step.tower(backbone, feature=opts.feature or None, head=opts.head, head_size=opts.head_size)
-  hp = tower_step.Hparams(**hparams, steps=max(steps, 10), lora=lora_lib.Config(**opts.lora))
-  size = backbone.preprocess.size
-  image_shape = (size, size, 3)
-  abstract, _ = jax.eval_shape(lambda: tower_step.init_state(hp, tower, backbone.variables, jax.random.PRNGKey(0),
-                                                             image_shape))
-  per_triplet = 4 if hp.two_refs else 3
-  parts, _, sizes = tune_memory.estimate(hp, tower, backbone, abstract.trainable, image_shape, micro * per_triplet,
+  built = tune.build(opts, max(steps, 10), accum_steps=n_pass)   # the experiment's own setup
+  backbone, tower, hp, image_shape = built.backbone, built.tower, built.hp, built.image_shape
+  per_triplet = built.images_a_triplet
+  parts, _, sizes = tune_memory.estimate(hp, tower, backbone, built.trainable, image_shape, micro * per_triplet,
                                          opts.fsdp)
   rss_built = _status('VmRSS')
   mesh = sharding.train_mesh(1)

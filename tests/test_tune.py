@@ -287,3 +287,47 @@ def test_alignet_release_over_mocked_imagenet_resumes_after_kill_9(tmp_path, hum
 def jax_leaves(tree):
   import jax
   return jax.tree.leaves(tree)
+
+
+def votes(tmp, h, **kw):
+  """tiny() on the demo's mini NIGHTS votes, read from the session's human demo sets (written once)."""
+  c = tiny(tmp, **kw)
+  c.demo.root = os.path.dirname(h.root)
+  return c
+
+
+def test_adversarial_demo_reports_clean_and_attacked_before_and_after(tmp_path, human_demo_sets):
+  """`:demo --config.adversarial=...` at the tiniest size (the tiny ViT of :local, 2 steps, 1 APGD step): loss ''
+  becomes the hinge on the demo's mini NIGHTS votes (no teacher), trained on attacked references, and the run
+  reports held-out clean and attacked 2AFC accuracy of the frozen and the tuned tower (metrics.json and console)."""
+  c = votes(tmp_path, human_demo_sets, loss='', adversarial='linf:8/255', adversarial_steps=1, adversarial_eval_steps=2, steps=2,
+           eval_every=2, checkpoint_every=2, checkpoint=False)
+  m = tune.run(c, str(tmp_path / 'adv'), progress=False)
+  assert m['hparams']['loss'] == 'hinge' and m['hparams']['adv_eps'] == pytest.approx(8 / 255)
+  assert m['target'] == 'judge' and m['n_triplets'] == {'train': 24, 'val': 24}   # demo NIGHTS: train | val + test
+  a = m['attacked']
+  assert a['budget'] == 'linf:8/255' and a['items'] == 24 and a['steps'] == 2
+  assert all(0 <= a[k] <= 1 and 0 <= m['results'][k]['accuracy'] <= 1 for k in ('frozen', 'tuned'))
+  assert json.load(open(tmp_path / 'adv' / 'metrics.json'))['attacked'] == a
+  assert not os.path.exists(tmp_path / 'adv' / 'triplets_train.npz')   # votes, not teacher triplets
+
+
+def test_memory_estimate_counts_the_attack(tmp_path, human_demo_sets, monkeypatch):
+  """With `adversarial` the estimate adds what the attack holds beyond the step's activations (its input-gradient
+  residuals, traced, and its loop's images); where that is the largest part, the refusal names config.adversarial
+  and comes before anything is written. LoRA on the last fc2 only: the step keeps little, the attack a whole pass."""
+  from visim_jax.experiments import tune_memory
+  from visim_jax.experiments.tune_parse import parse
+  est = {}
+  for adv in ('', 'linf:8/255'):
+    c = tiny(tmp_path, loss='hinge', adversarial=adv, **{'lora.targets': 'blocks_1/fc2'})
+    b = tune.build(parse(c), 4)
+    est[adv] = tune_memory.estimate(b.hp, b.tower, b.backbone, b.trainable, b.image_shape, 12, 1)[0]
+  adv = est['linf:8/255']
+  assert 'attack' not in est[''] and adv['attack'] > adv['activations'] == est['']['activations'] > 0
+  assert adv['attack'] + adv['activations'] > 4 * tune_memory.ATTACK_STATE_IMAGES * 32 * 32 * 3 * 4   # 4 triplets
+  monkeypatch.setattr(memory, 'limit_bytes', lambda: 2**20)
+  with pytest.raises(UserError, match=r'^config.adversarial: tuning needs at least .* attack'):
+    tune.run(votes(tmp_path, human_demo_sets, loss='', adversarial='linf:8/255', **{'lora.targets': 'blocks_1/fc2'}),
+             str(tmp_path / 'refused'), progress=False)
+  assert not os.path.exists(tmp_path / 'refused')

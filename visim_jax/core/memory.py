@@ -86,14 +86,18 @@ def check_tower(parts: Mapping[str, float], sizes: str, remat: bool, remat_parts
                 fraction: float = FRACTION) -> None:
   """Refuses a tuning run whose `tower_parts` exceed fraction x the device's memory, naming the field to change:
   the batch (config.batch_size, or config.accum_steps to split it, or config.remat when rematerialisation would
-  make it fit) when activations are the largest part, else config.fsdp / config.tune (LoRA keeps no optimiser state
-  for the tower)."""
+  make it fit) when activations are the largest part, config.adversarial when the attack's part ('attack': what it
+  holds beyond the activations) is, else config.fsdp / config.tune (LoRA keeps no optimiser state for the tower)."""
   total, limit = float(sum(parts.values())), limit_bytes()
   if total <= fraction * limit:
     return
   detail = ', '.join(f'{k} {gib(v)}' for k, v in parts.items() if v) + (f'; {sizes}' if sizes else '')
   head = f'tuning needs at least {gib(total)} a device ({detail}), more than {fraction:.0%} of the {limit / GiB:.1f} ' \
          'GiB available'
+  if parts.get('attack', 0) and parts['attack'] >= max(v for k, v in parts.items() if k != 'attack'):
+    raise UserError(f'config.adversarial: {head}; the attack on the references (a forward + backward of the tower '
+                    'per APGD step) holds the most: lower config.batch_size or raise config.accum_steps (the batch '
+                    'in passes), or train without config.adversarial')
   if parts.get('activations', 0) >= max(v for k, v in parts.items() if k != 'activations'):
     if not remat and remat_parts is not None and sum(remat_parts.values()) <= fraction * limit:
       raise UserError(f'config.remat: {head}; set config.remat=True (rematerialised blocks: '

@@ -11,6 +11,10 @@ chunks of eval_every steps through training/runtime.Run (lock, fingerprint, Orba
 state only, LoRA checkpoints are small, and the grain iterator's state beside it: a resumed run reads the batches
 an uninterrupted one reads) -> held-out accuracy after each chunk.
 
+With `adversarial` (the hinge on attacked references, training/tower_step.adversarial_refs) the held-out items are
+also attacked before and after tuning (tower_step.attacked_correct, APGD of adversarial_eval_steps): metrics.json's
+`attacked`, a column of the console table. `build` is the setup benchmarks/tune_full.py shares.
+
 Outputs: tuned.npz (training/tuned_file.py: the LoRA factors or the tuned tower, the head, the meta `tuned:` reads),
 curves.npz / curves.png, triplets_{train,val}.npz (teacher sources), leaderboard/ (config.leaderboard: the demo
 human sets, `cosine:<backbone>` vs `tuned:<workdir>`), things/ (source 'alignet' with config.things_dir: THINGS
@@ -31,13 +35,14 @@ from visim_jax.backbones import features as features_lib
 from visim_jax.core import cpu_kernels
 from visim_jax.core import report, sharding
 from visim_jax.data import grain_data, image_batches
-from visim_jax.experiments import checks, config_fields, tune_data, tune_memory
+from visim_jax.experiments import checks, config_fields, tune_attacked, tune_data, tune_memory
+from visim_jax.experiments.tune_setup import Built, build  # noqa: F401  (tune.build: benchmarks/tune_full.py's too)
 from visim_jax.experiments.tune_parse import LOSS_FOR_TARGET, TEACHER_SOURCES, parse, validate_config  # noqa: F401
 from visim_jax.training import head_step, runtime, tuned_file
 
 
 def fingerprint(opts, hp, train, val) -> runtime.Fingerprint:
-  skip = ('plots', 'leaderboard', 'checkpoint', 'keep_checkpoints')
+  skip = ('plots', 'leaderboard', 'checkpoint', 'keep_checkpoints', 'adversarial_eval_steps')   # not the training
   fields = {**{k: v for k, v in dataclasses.asdict(opts).items() if k not in skip},
             'hparams': dataclasses.asdict(hp)}
   fields['data_engine'] = 'grain-1'   # batches of shuffle(seed).repeat().batch(B) (data/grain_data.py)
@@ -48,7 +53,6 @@ def fingerprint(opts, hp, train, val) -> runtime.Fingerprint:
 
 def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   opts = parse(config)
-  from visim_jax.models import lora as lora_lib
   from visim_jax.training import tower_step
   t0 = time.time()
   train, val, desc = tune_data.load(opts, progress)
@@ -58,25 +62,18 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   if opts.batch_size > len(train):
     raise checks.fail('batch_size', f'exceeds the {len(train)} train triplets; use {len(train)} or less',
                       opts.batch_size)
-  backbone, _ = features_lib.build(opts.features)
-  if opts.pixels == 'alignet':   # AligNet's preprocessing.py: a cubic squash to 224 x 224, values in [0, 1]
-    backbone = dataclasses.replace(backbone, preprocess=image_batches.alignet_preprocess(backbone.preprocess.size))
-  tower = tower_step.tower(backbone, feature=opts.feature or None, head=opts.head, head_size=opts.head_size)
   steps = opts.steps or opts.epochs * (len(train) // opts.batch_size)
-  hp = tower_step.Hparams(**opts.hparams, steps=steps, lora=lora_lib.Config(**opts.lora))
-  hp.check()
+  b = build(opts, steps)
+  backbone, tower, hp, image_shape = b.backbone, b.tower, b.hp, b.image_shape
   mesh = sharding.train_mesh(opts.fsdp, devices)
   n_dev = mesh.devices.size
   micro = opts.batch_size // hp.accum_steps
   if micro % n_dev:
     raise checks.fail('batch_size', f'each pass takes batch_size / accum_steps = {micro} triplets, split over the '
                       f'{n_dev} devices: use a multiple of {n_dev * hp.accum_steps}', opts.batch_size)
-  size = backbone.preprocess.size
-  image_shape = (size, size, 3)
   key = jax.random.PRNGKey(opts.seed)
-  abstract, _ = jax.eval_shape(lambda: tower_step.init_state(hp, tower, backbone.variables, key, image_shape))
-  parts = tune_memory.check(hp, tower, backbone, abstract.trainable, image_shape,
-                            micro * (4 if hp.two_refs else 3) // n_dev, opts.fsdp)
+  parts = tune_memory.check(hp, tower, backbone, b.trainable, image_shape, micro * b.images_a_triplet // n_dev,
+                            opts.fsdp)
   images = tune_data.image_source(opts, train, backbone.preprocess, progress)
   runtime.say(f'{len(train):,} train / {len(val):,} held-out triplets ({train.target_kind}) over {len(images):,} '
               f'images; {backbone.name} tune={hp.tune}, loss {hp.loss}, {steps} steps of {opts.batch_size} over '
@@ -95,6 +92,13 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   bare = dataclasses.replace(tower, head='identity')   # the tower's own feature at step 0 (LoRA's b = 0): frozen
   frozen_res = evaluate(_embedder(hp, bare), {k: v for k, v in state0.trainable.items() if k != 'head'}, frozen)
   untrained = evaluate(_embedder(hp, tower), state0.trainable, frozen) if opts.head != 'identity' else frozen_res
+  attacked = None
+  if hp.adv_eps:   # held-out clean and attacked 2AFC accuracy, before (the frozen tower) and after tuning
+    attack = functools.partial(tune_attacked.accuracy, hp, images, val, opts.adversarial_eval_steps, opts.seed, micro)
+    attacked = {'budget': tune_attacked.budget(hp), 'steps': opts.adversarial_eval_steps, 'method': 'apgd', 'items': len(val),
+                'frozen': attack(bare, {k: v for k, v in state0.trainable.items() if k != 'head'}, frozen)}
+    runtime.say(f"held-out 2AFC accuracy of the frozen tower: {frozen_res['accuracy']:.4f} clean, "
+                f"{attacked['frozen']:.4f} attacked ({attacked['budget']}, APGD {attacked['steps']})")
   embed = _embedder(hp, tower)
   n_evals = -(-steps // opts.eval_every)
   host = lambda: {'loss': np.zeros(steps, np.float32), 'val_accuracy': np.zeros(n_evals, np.float32),
@@ -102,7 +106,7 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
   recorded = config_fields.recorded_config(config, uses_backbone=True)
   with runtime.Run(workdir, recorded, fingerprint(opts, hp, train, val), opts.checkpoint, progress,
                    desc='tune (steps)', max_to_keep=opts.keep_checkpoints) as rt:
-    if opts.source in TEACHER_SOURCES:
+    if opts.teacher is not None:   # teacher-labelled triplets
       tune_data.write_index_files(rt.workdir, train, val)
     t1 = time.time()
     rt.track_data(batches)
@@ -128,6 +132,8 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
     t2 = time.time()
     state = tree['state']
     tuned = evaluate(embed, state.trainable, frozen)
+    if attacked is not None:
+      attacked['tuned'] = attack(tower, state.trainable, frozen)
     trainable = jax.tree.map(sharding.to_host, state.trainable)
     meta = {**features_lib.describe(backbone, ()), 'feature': tower.feature, 'head': opts.head,
             'head_size': opts.head_size, 'similarity': hp.similarity, 'tune': hp.tune, 'lora': opts.lora,
@@ -145,7 +151,7 @@ def run(config, workdir: str, progress: bool = True, devices=None) -> dict:
                'feature': tower.feature, 'hparams': dataclasses.asdict(hp), 'batch_size': opts.batch_size,
                'n_triplets': {'train': len(train), 'val': len(val)}, 'devices': n_dev, 'fsdp': opts.fsdp,
                'trainable_parameters': int(sum(np.size(l) for l in jax.tree.leaves(trainable))),
-               'results': {'frozen': frozen_res, 'untrained': untrained, 'tuned': tuned},
+               'results': {'frozen': frozen_res, 'untrained': untrained, 'tuned': tuned}, 'attacked': attacked,
                'memory_estimate_bytes': parts, 'leaderboard': board, 'things': things_res,
                'timing_s': {'data': t1 - t0, 'training_and_eval': t2 - t1, 'total': time.time() - t0}}
     metrics = rt.write_metrics({**metrics, 'config': recorded})
@@ -184,7 +190,7 @@ def _leaderboard(config, workdir: str, backbone, progress: bool) -> dict:
   c.models = f'cosine:{backbone.name}{tag},tuned:{workdir}'
   c.cache_dir, c.image_batch_size, c.plots = config.cache_dir, config.image_batch_size, config.plots
   c.n_boot = 200
-  c.attacks, c.attack_steps = config.adversarial, config.adversarial_steps   # attacked columns before / after
+  c.attacks, c.attack_steps = config.adversarial, config.adversarial_eval_steps   # attacked columns before / after
   s = benchmark.run(c, os.path.join(workdir, 'leaderboard'), progress)
   return {'models': s['models'], 'results': s['results']}
 
@@ -216,6 +222,12 @@ def _print(m: dict, workdir: str) -> None:
   r = m['results']
   shown = ('frozen', 'untrained', 'tuned') if r['untrained'] != r['frozen'] else ('frozen', 'tuned')
   rows = [[k, f"{r[k]['accuracy']:.4f}", f"{r[k]['loss']:.4f}"] for k in shown]
+  head = ['tower', 'accuracy', m['hparams']['loss'] + ' loss']
+  a = m.get('attacked')
+  if a:   # the attacked column: the frozen tower's before, the tuned one's after (untrained: not attacked)
+    head.append(f"attacked {a['budget']} (APGD {a['steps']})")
+    for row in rows:
+      row.append(f"{a[row[0]]:.4f}" if row[0] in a else '')
   runtime.say(f"\nheld-out accuracy ({m['n_triplets']['val']} triplets, {m['target']} targets), {m['backbone']} "
               f"tune={m['hparams']['tune']}, {m['hparams']['steps']} steps, workdir {workdir}")
-  runtime.say(report.table(rows, ['tower', 'accuracy', m['hparams']['loss'] + ' loss']))
+  runtime.say(report.table(rows, head))

@@ -8,6 +8,8 @@
            (data/teacher_labels.py: k-means clusters of its features, border / within / between sampling, the
            teacher's similarities as soft targets: AligNet's 'untransformed' data). The index files are written to
            <workdir>/triplets_{train,val}.npz once the run holds the workdir (`write_index_files`).
+           With the hinge (loss='hinge', or '' with `adversarial`), demo is the demo's mini NIGHTS 2AFC votes
+           instead (data/human_demo.py, votes >= min_votes): train split, held out: val + test (8 + 16 items).
   files    index files written before (data/triplet_index.py).
   alignet  AligNet's release as published (data/alignet.py): <alignet_dir>/<transform>/{train,val}_<sampling>.npz,
            indices into tfds.data_source('imagenet2012', split='train') (tfds_data_dir), read through grain.
@@ -38,6 +40,11 @@ def load(opts, progress: bool = True):
     from visim_jax.data import nights
     train, val = triplet_index.from_twoafc(nights.load(d['nights_dir'], 'train', d['min_votes']),
                                            nights.load(d['nights_dir'], 'val', d['min_votes']))
+  elif src == 'demo' and d['demo_votes']:
+    from visim_jax.data import human_demo, nights
+    root = human_demo.demo_sets(d['demo_root'] or None, d['demo_seed'], opts.features.cache_dir or None).nights
+    held = {s: nights.load(root, s, d['min_votes']) for s in ('val', 'test')}
+    train, val = triplet_index.from_twoafc(nights.load(root, 'train', d['min_votes']), _concat(held))
   elif src == 'bapps':
     from visim_jax.data import bapps
     train, val = triplet_index.from_twoafc(_concat(bapps.load_2afc(d['bapps_dir'], 'train', d['bapps_sets'])),

@@ -49,6 +49,7 @@ class TuneOptions:
   leaderboard: bool
   ties: str
   seed: int
+  adversarial_eval_steps: int = 100   # APGD steps of the held-out attacked accuracy (evaluation only)
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -60,6 +61,7 @@ def _adversarial(config, loss: str) -> dict:
   from visim_jax.metrics import attacks
   checks.text(config, 'adversarial')
   steps = checks.integer(config, 'adversarial_steps', 1, 10_000)
+  checks.integer(config, 'adversarial_eval_steps', 1, 100_000, note=' (the authors evaluate with 100)')
   budgets = attacks.parse_budgets(config.adversarial, 'config.adversarial')
   if not budgets:
     return {}
@@ -70,6 +72,20 @@ def _adversarial(config, loss: str) -> dict:
                       'votes)', config.adversarial)
   norm, eps, _ = budgets[0]
   return {'adv_norm': norm, 'adv_eps': eps, 'adv_steps': steps}
+
+
+def _loss(config, src: str) -> str:
+  """config.loss; '' = the source's own: the hinge on 2AFC votes (nights, bapps; demo with `adversarial`, which
+  needs votes: its mini NIGHTS), 'hard' on THINGS choices, the JSD on teacher triplets (demo, folder, alignet)."""
+  loss = checks.choice(config, 'loss', ('',) + odd_one_out.LOSSES)
+  if loss:
+    return loss
+  if src == 'files':
+    raise checks.fail('loss', "source='files': name the loss of the index files' targets (hinge, jsd, kl, hard)",
+                      loss)
+  if src == 'demo':
+    return 'hinge' if checks.text(config, 'adversarial').strip() else 'jsd'
+  return {'nights': 'hinge', 'bapps': 'hinge', 'things': 'hard'}.get(src, 'jsd')
 
 
 def validate_config(config) -> TuneOptions:
@@ -109,8 +125,10 @@ def parse(config) -> TuneOptions:
   if features.pooling != 'mean':
     raise checks.fail('pooling', "a tuned tower is compared on its own feature (config.feature): use 'mean'",
                       config.pooling)
+  loss = _loss(config, src)
+  demo_votes = src == 'demo' and loss == 'hinge'   # the demo's 2AFC votes (its mini NIGHTS), no teacher
   teacher = None
-  if src in TEACHER_SOURCES:
+  if src in TEACHER_SOURCES and not demo_votes:
     c = config.copy_and_resolve_references()
     with c.unlocked():
       c.backbone, c.layers = c.teacher.backbone, c.teacher.layers
@@ -130,7 +148,6 @@ def parse(config) -> TuneOptions:
     raise checks.fail('lora.targets', 'name the kernels LoRA adapts (e.g. qkv, or conv_head,project_conv)',
                       config.lora.targets)
   checks.flag(config, 'lora.rslora')
-  loss = checks.choice(config, 'loss', odd_one_out.LOSSES)
   sim = checks.choice(config, 'similarity', odd_one_out.SIMILARITIES)
   checks.number(config, 'tau', 0, 1e6, lo_open=True)
   checks.number(config, 'target_tau', 0, 1e6, lo_open=True)
@@ -184,7 +201,7 @@ def parse(config) -> TuneOptions:
             'demo_n_pairs': config.demo.n_pairs, 'demo_seed': config.demo.seed, 'alignet_dir': config.alignet_dir,
             'sampling': config.sampling, 'val_sampling': config.val_sampling or config.sampling,
             'tfds_data_dir': config.tfds_data_dir,
-            'things_after': src == 'alignet' and bool(config.things_dir)},
+            'things_after': src == 'alignet' and bool(config.things_dir), 'demo_votes': demo_votes},
       features=features, teacher=teacher, teacher_similarity=config.teacher.similarity,
       triplets=dict(n_train=trip.n_train, n_val=trip.n_val, clusters=trip.clusters, sampling=trip.sampling,
                     val_fraction=float(trip.val_fraction), kmeans_iters=trip.kmeans_iters),
@@ -198,4 +215,5 @@ def parse(config) -> TuneOptions:
                    remat=config.remat, accum_steps=accum, hinge_ref=config.hinge_ref, seed=seed, **adv),
       epochs=epochs, steps=steps, batch_size=batch, fsdp=fsdp, transform=transform, pixels=pixels,
       worker_count=worker_count, eval_every=every, checkpoint=config.checkpoint,
-      checkpoint_every=config.checkpoint_every, keep_checkpoints=keep, plots=config.plots, leaderboard=board, ties=ties, seed=seed)
+      checkpoint_every=config.checkpoint_every, keep_checkpoints=keep, plots=config.plots, leaderboard=board,
+      ties=ties, seed=seed, adversarial_eval_steps=config.adversarial_eval_steps)

@@ -253,21 +253,41 @@ def _cos(a, b):
   return jnp.sum(ops.l2_normalize(a) * ops.l2_normalize(b), -1)
 
 
+def pixel_distance(hp: Hparams, tower_: Tower, frozen: dict) -> Callable:
+  """d(trainable, x0, x1) = 1 - cos of the tower's features (no dropout) of float images in [0, 1] (the attack's
+  space: the backbone's preprocessed pixels / 255)."""
+  def dist(t, x0, x1):
+    return 1.0 - _cos(embed(hp, tower_, t, frozen, x0 * 255.0), embed(hp, tower_, t, frozen, x1 * 255.0))
+  return dist
+
+
 def adversarial_refs(hp: Hparams, tower_: Tower, trainable: dict, frozen: dict, batch: Batch,
                      key: jax.Array) -> jax.Array:
   """The batch's images with each reference replaced by its APGD example (metrics/attacks.py, keep='max_loss': the
   iterate of the highest cross-entropy of (-d0, -d1) at the human majority) within hp.adv_eps of it, through the
-  current tower (no dropout, no gradient into the parameters): the robust-metric papers' training on attacked
-  references (R-LPIPS; Croce et al.'s robust tuning)."""
+  current tower (no dropout, no gradient into the parameters): adversarial training on 2AFC votes as R-LPIPS trains
+  (Croce et al. instead tune clean on NIGHTS from towers made robust on ImageNet: docs/robustness.md)."""
   images = batch.images.astype(jnp.float32)
   params = jax.lax.stop_gradient(trainable)
-
-  def dist(t, x0, x1):
-    return 1.0 - _cos(embed(hp, tower_, t, frozen, x0 * 255.0), embed(hp, tower_, t, frozen, x1 * 255.0))
   opts = attacks.AttackOptions(hp.adv_norm, hp.adv_eps, hp.adv_steps, 'apgd', keep='max_loss')
   x = images / 255.0
-  ref, _ = attacks.attack_fn(dist, opts)(params, x[:, 0], x[:, 1], x[:, 2], batch.target, key)
+  ref, _ = attacks.attack_fn(pixel_distance(hp, tower_, frozen), opts)(params, x[:, 0], x[:, 1], x[:, 2],
+                                                                         batch.target, key)
   return images.at[:, 0].set(jax.lax.stop_gradient(ref) * 255.0)
+
+
+def attacked_correct(hp: Hparams, tower_: Tower, steps: int, trainable: dict, frozen: dict, batch: Batch,
+                     key: jax.Array) -> jax.Array:
+  """(B,) whether the tower still answers each held-out 2AFC item as the humans did once its reference is attacked:
+  Croce et al.'s evaluation (metrics/attacks.py: APGD of `steps` iterations at hp.adv_norm / hp.adv_eps on the
+  reference, from a random start), through the tower as it stands. The attack returns the authors' x_best_adv (the
+  last wrong iterate, else the start, where the answer was right), so the answer there is right exactly where the
+  attack did not succeed: `~success`, with no further pass (a tie answers img0, as the authors' max)."""
+  images = batch.images.astype(jnp.float32) / 255.0
+  opts = attacks.AttackOptions(hp.adv_norm, hp.adv_eps, steps, 'apgd')
+  _, success = attacks.attack_fn(pixel_distance(hp, tower_, frozen), opts)(
+      trainable, images[:, 0], images[:, 1], images[:, 2], batch.target, key)
+  return ~success
 
 
 def batch_loss(hp: Hparams, tower_: Tower, trainable: dict, frozen: dict, batch: Batch,
