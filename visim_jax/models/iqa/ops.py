@@ -4,7 +4,7 @@ Colour conversions of 0..255 RGB (piq.functional.colour_conversion, the matrices
 'valid' filtering by shifted slices (as classical._filter: a pair's value never depends on its batch), zero /
 replicate / reflect padding, the gradient magnitude and the SSIM-style similarity map, the downsampling rules piq
 applies before each metric, and the linear resamplers (torch's bilinear `interpolate`, MATLAB's `imresize` bicubic
-with antialiasing as piq's port of it) as per-axis matrices built once in NumPy from the static shapes.
+with antialiasing as piq's port of it, and bilinear by the same rule) as per-axis matrices built once in NumPy from the static shapes.
 """
 from __future__ import annotations
 
