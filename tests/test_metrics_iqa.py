@@ -96,8 +96,8 @@ def test_zoo_specs_batches_and_errors(photos):
   n = ((ODD[0] + 1) // 2) * ((ODD[1] + 1) // 2)      # the map after the 2x downsampling
   np.testing.assert_allclose(np.asarray(m.fn(cand, ref, m.variants['paper'])), piq_v * np.sqrt(n / (n - 1)),
                              rtol=1e-5)
-  with pytest.raises(UserError, match="vsi variants: vsi:piq"):
-    vj.load('vsi:paper')
+  with pytest.raises(UserError, match="vif_p variants: vif_p:piq"):
+    vj.load('vif_p:paper')
   with pytest.raises(UserError, match='iw_ssim: images of 64x64 px; iw_ssim needs sides of at least 161 px'):
     vj.load('iw_ssim').distance(ref[:1, :64, :64], cand[:1, :64, :64])
 
@@ -141,6 +141,97 @@ def test_fsim_paper_follows_featuresim_m(photos):
   piq_v, paper = (np.asarray(m.fn(cand, ref, m.variants[v])) for v in ('piq', 'paper'))
   assert m.variants['paper'] == fsim_lib.FSIMOptions(matlab=True)
   assert 0 < np.max(np.abs(paper - piq_v)) < 2e-3
+
+
+def _matlab_imresize_bilinear(n_in, n_out):
+  """(n_out, n_in): MATLAB `imresize(., 'bilinear')` along one axis by its documented rule, 1-based as MATLAB: the
+  output sample i sits at u = i / s + (1 - 1 / s) / 2 (s = n_out / n_in); triangle kernel 1 - |x|, widened to
+  s (1 - |s x|) when s < 1 (antialiasing, the default); taps floor(u - width / 2) + (0 .. ceil(width) + 1); the
+  weights normalised to sum 1; indices outside 1..n mirrored ([1:n, n:-1:1] repeated)."""
+  s = n_out / n_in
+  width = 2.0 / s if s < 1 else 2.0
+  m = np.zeros((n_out, n_in))
+  for i in range(1, n_out + 1):
+    u = i / s + 0.5 * (1 - 1 / s)
+    left = int(np.floor(u - width / 2))
+    taps, wts = [], []
+    for t in range(int(np.ceil(width)) + 2):
+      j, x = left + t, u - (left + t)
+      wts.append(s * max(0.0, 1 - abs(s * x)) if s < 1 else max(0.0, 1 - abs(x)))
+      taps.append(j)
+    mirror = list(range(1, n_in + 1)) + list(range(n_in, 0, -1))
+    for j, wt in zip(taps, wts):
+      m[i - 1, mirror[(j - 1) % (2 * n_in)] - 1] += wt / sum(wts)
+  return m
+
+
+def _vsi_m(img1, img2):
+  """VSI.m with its SDSP, float64 NumPy, (H, W, 3) 0..255 images: MATLAB imresize
+  bilinear to 256 x 256 and back, RGB2Lab with Xr = 0.9642, Zr = 0.8251, the log-Gabor (omega0 0.021, sigmaF 1.34)
+  on the centred grid (k - 129) / 256 masked outside radius 0.5, the central prior on 1-based coordinates minus 128
+  (sigmaD 145), the warm prior (sigmaC 0.001), mat2gray; LMN; F = MATLAB round(min(H, W) / 256), conv2 'same' box
+and every F-th pixel; Scharr by conv2 'same'; real((S_I S_Q)^0.02) pooled by the larger saliency."""
+  def sdsp(im):
+    h, w, _ = im.shape
+    mh, mw = _matlab_imresize_bilinear(h, 256), _matlab_imresize_bilinear(w, 256)
+    ds = np.stack([mh @ im[..., c] @ mw.T for c in range(3)], -1) / 255.0
+    lin = np.where(ds <= 0.04045, ds / 12.92, ((ds + 0.055) / 1.055) ** 2.4)
+    xyz = lin @ np.array([[0.4124564, 0.3575761, 0.1804375], [0.2126729, 0.7151522, 0.0721750],
+                          [0.0193339, 0.1191920, 0.9503041]]).T / np.array([0.9642, 1.0, 0.8251])
+    fx = np.where(xyz > 0.008856, np.cbrt(xyz), (903.3 * xyz + 16) / 116)
+    lab = np.stack([116 * fx[..., 1] - 16, 500 * (fx[..., 0] - fx[..., 1]), 200 * (fx[..., 1] - fx[..., 2])], -1)
+    k = (np.arange(1, 257) - 129) / 256.0
+    u2, u1 = np.meshgrid(k, k, indexing='ij')
+    inside = u1 ** 2 + u2 ** 2 <= 0.25
+    radius = np.fft.ifftshift(np.sqrt((u1 * inside) ** 2 + (u2 * inside) ** 2))
+    radius[0, 0] = 1
+    with np.errstate(divide='ignore'):
+      lg = np.exp(-np.log(radius / 0.021) ** 2 / (2 * 1.34 ** 2))
+    lg[0, 0] = 0
+    sf = np.sqrt(sum(np.real(np.fft.ifft2(np.fft.fft2(lab[..., c]) * lg)) ** 2 for c in range(3)))
+    r, c = np.meshgrid(np.arange(1, 257), np.arange(1, 257), indexing='ij')
+    sd = np.exp(-((r - 128.0) ** 2 + (c - 128.0) ** 2) / 145.0 ** 2)
+    na, nb = ((t - t.min()) / (t.max() - t.min()) for t in (lab[..., 1], lab[..., 2]))
+    sc = 1 - np.exp(-(na ** 2 + nb ** 2) / 0.001 ** 2)
+    vs = _matlab_imresize_bilinear(256, h) @ (sf * sd * sc) @ _matlab_imresize_bilinear(256, w).T
+    return (vs - vs.min()) / (vs.max() - vs.min())
+
+  def scharr(x):
+    k = np.array([[3, 0, -3], [10, 0, -10], [3, 0, -3]]) / 16.0
+    p = np.pad(x, 1)
+    gx = sum(k[2 - i, 2 - j] * p[i:i + x.shape[0], j:j + x.shape[1]] for i in range(3) for j in range(3))
+    gy = sum(k.T[2 - i, 2 - j] * p[i:i + x.shape[0], j:j + x.shape[1]] for i in range(3) for j in range(3))
+    return np.sqrt(gx ** 2 + gy ** 2)
+
+  sim = lambda a, b, c: (2 * a * b + c) / (a * a + b * b + c)  # noqa: E731
+  lmn = np.array([[0.06, 0.63, 0.27], [0.30, 0.04, -0.35], [0.34, -0.6, 0.17]])
+  v1, v2 = sdsp(img1), sdsp(img2)
+  l1, l2 = img1 @ lmn.T, img2 @ lmn.T
+  f = max(1, int(np.floor(min(img1.shape[:2]) / 256 + 0.5)))
+  v1, v2 = _matlab_same_down(v1, f), _matlab_same_down(v2, f)
+  l1, l2 = (np.stack([_matlab_same_down(t[..., c], f) for c in range(3)], -1) for t in (l1, l2))
+  s = (sim(scharr(l1[..., 0]), scharr(l2[..., 0]), 386.0) ** 0.4 * sim(v1, v2, 1.27)
+       * np.real((sim(l1[..., 1], l2[..., 1], 130.0) * sim(l1[..., 2], l2[..., 2], 130.0)).astype(complex) ** 0.02))
+  weight = np.maximum(v1, v2)
+  return (s * weight).sum() / weight.sum()
+
+
+def test_vsi_paper_follows_vsi_m(photos):
+  """`vsi:paper` (VSI.m and its SDSP): MATLAB imresize 'bilinear' (antialiased shrink) against a plain-loop version
+  of its rule, and the whole index against a float64 NumPy VSI.m (its F = 1 path; the F > 1 downsampling is
+  ops.box_same_down + ops.matlab_factor, checked in the FSIM test above); piq's differs from it."""
+  from visim_jax.models.iqa import ops, vsi as vsi_lib
+  for n_in, n_out in ((181, 256), (256, 181), (300, 256), (256, 211), (5, 3)):
+    np.testing.assert_allclose(ops.imresize_matrix(n_in, n_out, n_out / n_in, 'triangle'),
+                               _matlab_imresize_bilinear(n_in, n_out), atol=1e-12)
+  m = iqa.METRICS['vsi']
+  assert m.variants['paper'] == vsi_lib.VSIOptions(matlab=True)
+  ref, cand = photos['odd']
+  ref, cand = ref[:2, :48, :40], cand[:2, :48, :40]     # F = 1; 400 x 420 (F = 2) checked once: 2e-7
+  paper, piq_v = (np.asarray(m.fn(cand, ref, m.variants[v])) for v in ('paper', 'piq'))
+  want = [_vsi_m(cand[i].astype(np.float64), ref[i].astype(np.float64)) for i in range(2)]
+  np.testing.assert_allclose(paper, want, atol=2e-6, rtol=0)
+  assert np.max(np.abs(piq_v - np.asarray(want))) > 1e-4
 
 
 def _vifp_mscale(ref, dist, sigma_nsq=2.0):

@@ -33,7 +33,7 @@ METRICS = {
     'vif_p': Metric(vif.vif_p, {'piq': vif.VIFOptions()}, True),
     'haarpsi': Metric(haarpsi.haarpsi, {'piq': haarpsi.HaarPSIOptions()}, True),
     'mdsi': Metric(mdsi.mdsi, {'piq': mdsi.MDSIOptions(), 'mult': mdsi.MDSIOptions(combination='mult')}, False),
-    'vsi': Metric(vsi.vsi, {'piq': vsi.VSIOptions()}, True),
+    'vsi': Metric(vsi.vsi, {'piq': vsi.VSIOptions(), 'paper': vsi.VSIOptions(matlab=True)}, True),
     'srsim': Metric(srsim.srsim, {'piq': srsim.SRSIMOptions(), 'chromatic': srsim.SRSIMOptions(chromatic=True)},
                     True),
     'dss': Metric(dss.dss, {'piq': dss.DSSOptions()}, True),

@@ -4,7 +4,7 @@ Colour conversions of 0..255 RGB (piq.functional.colour_conversion, the matrices
 'valid' filtering by shifted slices (as classical._filter: a pair's value never depends on its batch), zero /
 replicate / reflect padding, the gradient magnitude and the SSIM-style similarity map, the downsampling rules piq
 applies before each metric, and the linear resamplers (torch's bilinear `interpolate`, MATLAB's `imresize` bicubic
-with antialiasing as piq's port of it) as per-axis matrices built once in NumPy from the static shapes.
+with antialiasing as piq's port of it, and bilinear by the same rule) as per-axis matrices built once in NumPy from the static shapes.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ LMN = np.array([[0.06, 0.63, 0.27], [0.30, 0.04, -0.35], [0.34, -0.6, 0.17]])   
 _XYZ = np.array([[0.4124564, 0.3575761, 0.1804375], [0.2126729, 0.7151522, 0.0721750],
                  [0.0193339, 0.1191920, 0.9503041]])
 _D50 = np.array([0.9642119944211994, 1.0, 0.8251882845188288])
+D50_SDSP = (0.9642, 1.0, 0.8251)          # the D50 white as VSI.m's SDSP (its RGB2Lab) rounds it
 PREWITT = (np.array([1.0, 1.0, 1.0]) / 3.0, np.array([-1.0, 0.0, 1.0]))       # (along H, along W) of the x kernel
 SCHARR = (np.array([3.0, 10.0, 3.0]) / 16.0, np.array([-1.0, 0.0, 1.0]))
 
@@ -40,11 +41,12 @@ def mix(x: jax.Array, m: np.ndarray) -> jax.Array:
   return jnp.tensordot(x, jnp.asarray(m.T, x.dtype), axes=([-1], [0]))
 
 
-def rgb_to_lab_d50(x255: jax.Array) -> jax.Array:
-  """piq's rgb2lab(x, 255): sRGB -> linear -> XYZ (sRGB primaries) -> Lab with the D50 white (VSI's SDSP)."""
+def rgb_to_lab_d50(x255: jax.Array, white=None) -> jax.Array:
+  """piq's rgb2lab(x, 255): sRGB -> linear -> XYZ (sRGB primaries) -> Lab with the D50 white (VSI's SDSP);
+  `white`: another (Xr, Yr, Zr) (D50_SDSP: VSI.m's rounded one)."""
   x = x255 / 255.0
   lin = jnp.where(x <= 0.04045, x / 12.92, jnp.power((jnp.maximum(x, 0.04045) + 0.055) / 1.055, 2.4))
-  t = mix(lin, _XYZ) / jnp.asarray(_D50, x.dtype)
+  t = mix(lin, _XYZ) / jnp.asarray(_D50 if white is None else np.asarray(white), x.dtype)
   f = jnp.where(t <= 0.008856, (903.3 * t + 16.0) / 116.0, jnp.power(jnp.maximum(t, 0.008856), 1.0 / 3.0))
   return jnp.stack([116.0 * f[..., 1] - 16.0, 500.0 * (f[..., 0] - f[..., 1]), 200.0 * (f[..., 1] - f[..., 2])], -1)
 
@@ -174,12 +176,13 @@ def _cubic(x: np.ndarray, a: float = -0.5) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
-def imresize_matrix(n_in: int, n_out: int, scale: float) -> np.ndarray:
+def imresize_matrix(n_in: int, n_out: int, scale: float, kernel: str = 'cubic') -> np.ndarray:
   """(n_out, n_in): MATLAB imresize(..., 'bicubic') along one axis as piq's port computes it (antialiasing when
-  scale < 1, symmetric padding that repeats the border sample)."""
+  scale < 1, symmetric padding that repeats the border sample); kernel='triangle': imresize(..., 'bilinear') by the
+  same rule (its kernel 1 - |x| on [-1, 1], widened by 1 / scale when shrinking)."""
   if scale == 1:
     return np.eye(n_in)
-  size = 4
+  size = {'cubic': 4, 'triangle': 2}[kernel]
   aa = scale if scale < 1 else 1.0
   if scale < 1:
     size = math.ceil(size / aa)
@@ -187,7 +190,8 @@ def imresize_matrix(n_in: int, n_out: int, scale: float) -> np.ndarray:
   pos = (np.linspace(0, n_out - 1, n_out) + 0.5) / scale - 0.5
   base = np.floor(pos) - size // 2 + 1
   dist = pos - base
-  w = _cubic((dist[None, :] - np.arange(size)[:, None]) * aa)
+  t = (dist[None, :] - np.arange(size)[:, None]) * aa
+  w = _cubic(t) if kernel == 'cubic' else np.maximum(1.0 - np.abs(t), 0.0)
   w = w / w.sum(axis=0, keepdims=True)
   m = np.zeros((n_out, n_in))
   for i in range(n_out):
