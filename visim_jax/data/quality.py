@@ -129,10 +129,20 @@ def load_kadid(root: str) -> QualitySet:
   return QualitySet('kadid10k', refs, dists, np.asarray(mos, np.float64), True)
 
 
-def _refs_by_stem(folder: str, where: str) -> dict[str, str]:
-  if not os.path.isdir(folder):
-    raise UserError(f'{folder}: {where} folder not found')
-  return {os.path.splitext(n)[0].lower(): os.path.join(folder, n) for n in sorted(os.listdir(folder))}
+class _References:
+  """A reference folder's images by file stem (case-insensitive): `refs(stem, where, shown)` -> its path, or one line
+  naming the row and the folder."""
+
+  def __init__(self, folder: str, what: str):
+    if not os.path.isdir(folder):
+      raise UserError(f'{folder}: {what} folder not found')
+    self.folder = folder
+    self.by_stem = {os.path.splitext(n)[0].lower(): os.path.join(folder, n) for n in sorted(os.listdir(folder))}
+
+  def __call__(self, stem: str, where: str, shown: str) -> str:
+    if stem.lower() not in self.by_stem:
+      raise UserError(f'{where}: no reference image {shown} in {self.folder}')
+    return self.by_stem[stem.lower()]
 
 
 def load_tid2013(root: str) -> QualitySet:
@@ -141,7 +151,7 @@ def load_tid2013(root: str) -> QualitySet:
   if not os.path.isfile(txt):
     raise UserError(f'{txt}: TID2013 mos_with_names.txt not found (expected tid2013/mos_with_names.txt, '
                     'distorted_images/ and reference_images/)')
-  refs_of = _refs_by_stem(os.path.join(root, 'reference_images'), 'TID2013 reference_images')
+  ref_of = _References(os.path.join(root, 'reference_images'), 'TID2013 reference_images')
   inside = resolve.Root(os.path.join(root, 'distorted_images')).inside
   refs, dists, mos = [], [], []
   for line, text in readers.text_lines(txt, 'TID2013 mos_with_names.txt'):
@@ -153,10 +163,8 @@ def load_tid2013(root: str) -> QualitySet:
       raise UserError(f'{where}: expected "<mos> <image name>", got {text.strip()!r}')
     mos.append(_number(parts[0], where, 'mos'))
     dists.append(inside(parts[1], where, 'image name'))
-    stem = parts[1].split('_')[0].lower()
-    if stem not in refs_of:
-      raise UserError(f'{where}: no reference image {stem.upper()}.BMP in {os.path.join(root, "reference_images")}')
-    refs.append(refs_of[stem])
+    stem = parts[1].split('_')[0]
+    refs.append(ref_of(stem, where, f'{stem.upper()}.BMP'))
   if not dists:
     raise UserError(f'{txt}: no rows')
   check_files(refs + dists, 'TID2013 image')
@@ -168,7 +176,7 @@ def load_pipal(root: str) -> QualitySet:
   labels = os.path.join(root, 'Train_Label')
   if not os.path.isdir(labels):
     raise UserError(f'{labels}: PIPAL Train_Label folder not found (expected Train_Ref/, Train_Dis/, Train_Label/)')
-  refs_of = _refs_by_stem(os.path.join(root, 'Train_Ref'), 'PIPAL Train_Ref')
+  ref_of = _References(os.path.join(root, 'Train_Ref'), 'PIPAL Train_Ref')
   inside = resolve.Root(os.path.join(root, 'Train_Dis')).inside
   refs, dists, mos = [], [], []
   for name in sorted(n for n in os.listdir(labels) if n.endswith('.txt')):
@@ -182,10 +190,8 @@ def load_pipal(root: str) -> QualitySet:
         raise UserError(f'{where}: expected "<distorted image>,<Elo score>", got {text.strip()!r}')
       dists.append(inside(parts[0], where, 'image name'))
       mos.append(_number(parts[1], where, 'score'))
-      stem = parts[0].split('_')[0].lower()
-      if stem not in refs_of:
-        raise UserError(f'{where}: no reference {stem} in {os.path.join(root, "Train_Ref")}')
-      refs.append(refs_of[stem])
+      stem = parts[0].split('_')[0]
+      refs.append(ref_of(stem, where, stem))
   if not dists:
     raise UserError(f'{labels}: no label rows')
   check_files(refs + dists, 'PIPAL image')
@@ -270,7 +276,7 @@ def load_csiq(root: str) -> QualitySet:
   if not os.path.isfile(xlsx):
     raise UserError(f'{xlsx}: CSIQ {CSIQ_XLSX} not found (expected csiq.DMOS.xlsx, src_imgs/ and dst_imgs/ of the '
                     'CSIQ release)')
-  refs_of = _refs_by_stem(os.path.join(root, 'src_imgs'), 'CSIQ src_imgs')
+  ref_of = _References(os.path.join(root, 'src_imgs'), 'CSIQ src_imgs')
   listing = {}
   refs, dists, mos = [], [], []
   for where, row in _csiq_table(xlsx):
@@ -284,10 +290,8 @@ def load_csiq(root: str) -> QualitySet:
     want = f'{image}.{token}.{lev}.png'
     if want.lower() not in listing[folder]:
       raise UserError(f'{where}: {os.path.join(d, want)}: CSIQ image not found')
-    if image.lower() not in refs_of:
-      raise UserError(f'{where}: no reference {image}.png in {os.path.join(root, "src_imgs")}')
+    refs.append(ref_of(image, where, f'{image}.png'))
     dists.append(os.path.join(d, listing[folder][want.lower()]))
-    refs.append(refs_of[image.lower()])
     mos.append(_number(row['dmos'], where, 'dmos'))
   if not dists:
     raise UserError(f'{xlsx}: no rows under the header')
