@@ -86,18 +86,42 @@ def test_two_processes_on_localhost():
   assert all(int(o[2]) == 2 for o in outs)  # one CPU device per process, both visible globally
 
 
-SIMNET_CHILD = """
-import json, os, sys
+# a child's start: (pid, nproc, port, arg, workdir) from argv; jax.distributed over gloo when nproc > 1
+CHILD_START = """
+import json, os, sys, pathlib
 import jax
 jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-pid, nproc, port, feats, wd = sys.argv[1:6]
+pid, nproc, port, arg, wd = sys.argv[1:6]
 if int(nproc) > 1:
   jax.distributed.initialize(f'localhost:{port}', int(nproc), int(pid))
+"""
+
+
+def two_and_one(tmp_path, child: str, arg: str) -> tuple[dict, dict]:
+  """Runs `child` (after CHILD_START) on 2 jax.distributed processes into tmp_path/two and alone into tmp_path/one
+  (no time limit: subprocs.run_all; a taken port is retried with another); their child.json files."""
+  import json
+  base = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'TPU_', 'JAX_COORD', 'VISIM_DIST'))}
+  base.update(JAX_PLATFORMS='cpu', PYTHONPATH=ROOT + os.pathsep + base.get('PYTHONPATH', ''))
+
+  def jobs(port):
+    shutil.rmtree(tmp_path / 'two', ignore_errors=True)
+    shutil.rmtree(tmp_path / 'one', ignore_errors=True)
+    job = lambda pid, nproc, wd: dict(args=[sys.executable, '-c', CHILD_START + child, str(pid), str(nproc),
+                                            str(port), arg, str(wd)], cwd=ROOT, env=base)
+    return [job(i, 2, tmp_path / 'two') for i in range(2)] + [job(0, 1, tmp_path / 'one')]
+  for rc, log in subprocs.free_port_run(jobs):
+    assert rc == 0, log[-3000:]
+  two, one = (json.load(open(tmp_path / w / 'child.json')) for w in ('two', 'one'))
+  return two, one
+
+
+SIMNET_CHILD = """
 sys.path.insert(0, os.path.join(os.getcwd(), 'configs'))
 import simnet_tll
 from visim_jax.experiments import simnet
 c = simnet_tll.get_config('local')
-c.features, c.plots = feats, False
+c.features, c.plots = arg, False
 m = simnet.run(c, wd, progress=False)
 if jax.process_index() == 0:
   json.dump({'results': m['results'], 'simnet_star': m['simnet_star'], 'processes': jax.process_count()},
@@ -108,42 +132,24 @@ if jax.process_index() == 0:
 def test_simnet_two_processes_equal_one(tmp_path):
   """SimNet through the runtime on 2 jax.distributed processes (Orbax saves on both, writes on process 0) =
   1 process: same results and SimNet* pool, checkpoints of every chunk written once."""
-  import json
   import numpy as np
   rng = np.random.RandomState(1)
   left = rng.randn(40, 10).astype(np.float32)
   np.savez(tmp_path / 'pairs.npz', left=left, right=left + 0.5 * rng.randn(40, 10).astype(np.float32),
            names=np.array([f'{i:05d}.jpg' for i in range(40)]))
-  base = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'TPU_', 'JAX_COORD', 'VISIM_DIST'))}
-  base.update(JAX_PLATFORMS='cpu', PYTHONPATH=ROOT + os.pathsep + base.get('PYTHONPATH', ''))
-
-  def jobs(port):  # no time limit (subprocs.run_all); a taken port is retried with another
-    shutil.rmtree(tmp_path / 'two', ignore_errors=True)
-    shutil.rmtree(tmp_path / 'one', ignore_errors=True)
-    job = lambda pid, nproc, wd: dict(args=[sys.executable, '-c', SIMNET_CHILD, str(pid), str(nproc), str(port),
-                                            str(tmp_path / 'pairs.npz'), str(wd)], cwd=ROOT, env=base)
-    return [job(i, 2, tmp_path / 'two') for i in range(2)] + [job(0, 1, tmp_path / 'one')]
-  for rc, log in subprocs.free_port_run(jobs):
-    assert rc == 0, log[-3000:]
-  two, one = (json.load(open(tmp_path / w / 'child.json')) for w in ('two', 'one'))
+  two, one = two_and_one(tmp_path, SIMNET_CHILD, str(tmp_path / 'pairs.npz'))
   assert two['processes'] == 2 and one['processes'] == 1
   assert two['results'] == one['results'] and two['simnet_star'] == one['simnet_star']
   assert {int(s) for s in os.listdir(tmp_path / 'two' / 'checkpoints')} == {80, 120}
 
 
 TUNE_CHILD = """
-import json, os, sys, pathlib
-import jax
-jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-pid, nproc, port, tmp, wd = sys.argv[1:6]
-if int(nproc) > 1:
-  jax.distributed.initialize(f'localhost:{port}', int(nproc), int(pid))
 sys.path.insert(0, os.path.join(os.getcwd(), 'tests'))
 import tensorflow_datasets as tfds
 from test_tune import alignet_tiny
 from visim_jax.experiments import tune
 with tfds.testing.mock_data(num_examples=40):
-  m = tune.run(alignet_tiny(pathlib.Path(tmp), steps=4, eval_every=2, checkpoint_every=4), wd, progress=False)
+  m = tune.run(alignet_tiny(pathlib.Path(arg), steps=4, eval_every=2, checkpoint_every=4), wd, progress=False)
 if jax.process_index() == 0:
   json.dump({'results': m['results'], 'devices': m['devices']}, open(os.path.join(wd, 'child.json'), 'w'))
 """
@@ -155,18 +161,7 @@ def test_tune_two_processes_read_disjoint_shares_and_equal_one(tmp_path):
   import json
   from test_tune import write_alignet
   write_alignet(tmp_path / 'alignet')
-  base = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'TPU_', 'JAX_COORD', 'VISIM_DIST'))}
-  base.update(JAX_PLATFORMS='cpu', PYTHONPATH=ROOT + os.pathsep + base.get('PYTHONPATH', ''))
-
-  def jobs(port):
-    shutil.rmtree(tmp_path / 'two', ignore_errors=True)
-    shutil.rmtree(tmp_path / 'one', ignore_errors=True)
-    job = lambda pid, nproc, wd: dict(args=[sys.executable, '-c', TUNE_CHILD, str(pid), str(nproc), str(port),
-                                            str(tmp_path), str(wd)], cwd=ROOT, env=base)
-    return [job(i, 2, tmp_path / 'two') for i in range(2)] + [job(0, 1, tmp_path / 'one')]
-  for rc, log in subprocs.free_port_run(jobs):
-    assert rc == 0, log[-3000:]
-  two, one = (json.load(open(tmp_path / w / 'child.json')) for w in ('two', 'one'))
+  two, one = two_and_one(tmp_path, TUNE_CHILD, str(tmp_path))
   assert two['devices'] == 2 and one['devices'] == 1
   for k in ('frozen', 'tuned'):
     for q in ('accuracy', 'loss'):
